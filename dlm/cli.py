@@ -1,0 +1,55 @@
+"""The `dlm` console script.
+
+Each subcommand lives in its own module under `dlm.commands` and exposes
+`register(subparsers)`, which adds its parser and sets `func=<callable(args) -> int>`.
+Errors a user can fix (`ValueError`, `FileNotFoundError`, `KeyError` raised as
+`UsageError`) are printed as one line on stderr with exit code 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order here is the order in `dlm --help`. Add a module name to register a subcommand.
+COMMAND_MODULES = [
+    "dlm.commands.sample",
+    "dlm.commands.models",
+]
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for; printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own errors: keep them to one line too
+        self.exit(2, f"dlm: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dlm", description="Fast sampling for diffusion models.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, ValueError, FileNotFoundError) as err:
+        print(f"dlm {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dlm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

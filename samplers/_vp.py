@@ -1,0 +1,202 @@
+"""Shared helpers for variance-preserving (VP) noise schedules and for the continuous solvers.
+
+The VP forward process is ``x_t = sqrt(a_t) x0 + sqrt(1 - a_t) eps`` with ``a_t = alpha_bar_t`` the
+cumulative product of ``1 - beta_i``. Everything here is a pure function of a scheduler config, so the
+scheduler classes in this package and the plain-function samplers share one source of truth.
+
+Numerics: betas and ``alphas_cumprod`` are built in float32 exactly as the trained models' schedules
+were (so a model trained with a diffusers scheduler sees the same ``a_t`` bit for bit); the solvers
+then do their arithmetic on these values in float64 and cast the result back to the sample's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from diffusers.utils import BaseOutput
+
+BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
+TIMESTEP_SPACINGS = ("linspace", "leading", "trailing")
+PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
+
+
+@dataclass
+class SolverOutput(BaseOutput):
+    """Output of a solver's ``step``.
+
+    Attributes:
+        prev_sample: ``[B, ...]`` the sample at the next (less noisy) grid point; feed it back to the model.
+        pred_original_sample: ``[B, ...]`` the solver's estimate of ``x0`` at this step, or ``None`` where
+            the step does not form one (e.g. an intermediate Runge-Kutta stage).
+    """
+
+    prev_sample: torch.Tensor
+    pred_original_sample: Optional[torch.Tensor] = None
+
+
+def _cosine_alpha_bar(t: float) -> float:
+    # Nichol & Dhariwal (2021) cosine schedule, offset s = 0.008.
+    return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
+
+
+def make_betas(
+    num_train_timesteps: int = 1000,
+    beta_start: float = 0.0001,
+    beta_end: float = 0.02,
+    beta_schedule: str = "linear",
+    trained_betas: Optional[Sequence[float]] = None,
+) -> torch.Tensor:
+    """Betas ``[T]`` (float32) for a named schedule, or ``trained_betas`` when given."""
+    if trained_betas is not None:
+        betas = torch.as_tensor(np.asarray(trained_betas), dtype=torch.float32)
+        if betas.ndim != 1 or betas.numel() != num_train_timesteps:
+            raise ValueError(
+                f"trained_betas has {betas.numel()} values but num_train_timesteps={num_train_timesteps}; "
+                "pass one beta per training timestep"
+            )
+        return betas
+    if beta_schedule == "linear":
+        return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32)
+    if beta_schedule == "scaled_linear":
+        # Linear in sqrt(beta), the latent-diffusion schedule.
+        return torch.linspace(beta_start**0.5, beta_end**0.5, num_train_timesteps, dtype=torch.float32) ** 2
+    if beta_schedule == "squaredcos_cap_v2":
+        T = num_train_timesteps
+        betas = [min(1.0 - _cosine_alpha_bar((i + 1) / T) / _cosine_alpha_bar(i / T), 0.999) for i in range(T)]
+        return torch.tensor(betas, dtype=torch.float32)
+    raise ValueError(
+        f"beta_schedule={beta_schedule!r} is not supported; use one of {BETA_SCHEDULES} or pass trained_betas"
+    )
+
+
+def rescale_zero_terminal_snr(betas: torch.Tensor) -> torch.Tensor:
+    """Rescale betas so the last timestep has zero SNR (Lin et al. 2024, "Common diffusion noise
+    schedules and sample steps are flawed", Alg. 1): shift ``sqrt(a_t)`` so its last value is 0 and
+    rescale so its first value is unchanged."""
+    sqrt_ab = torch.cumprod(1.0 - betas, dim=0).sqrt()
+    first, last = sqrt_ab[0].clone(), sqrt_ab[-1].clone()
+    sqrt_ab = (sqrt_ab - last) * (first / (first - last))
+    ab = sqrt_ab**2
+    alphas = torch.cat([ab[:1], ab[1:] / ab[:-1]])
+    return 1.0 - alphas
+
+
+def make_alphas_cumprod(
+    num_train_timesteps: int = 1000,
+    beta_start: float = 0.0001,
+    beta_end: float = 0.02,
+    beta_schedule: str = "linear",
+    trained_betas: Optional[Sequence[float]] = None,
+    rescale_betas_zero_snr: bool = False,
+) -> torch.Tensor:
+    """``alpha_bar_t`` ``[T]`` (float32) for a VP config."""
+    betas = make_betas(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas)
+    if rescale_betas_zero_snr:
+        betas = rescale_zero_terminal_snr(betas)
+    return torch.cumprod(1.0 - betas, dim=0)
+
+
+def vp_timesteps(
+    num_inference_steps: int,
+    num_train_timesteps: int = 1000,
+    timestep_spacing: str = "leading",
+    steps_offset: int = 0,
+) -> np.ndarray:
+    """Descending integer timesteps ``[N]`` on the training grid (DDIM/PNDM convention).
+
+    - ``linspace``: ``N`` points evenly from ``T-1`` down to ``0`` (both ends included);
+    - ``leading``: ``0, r, 2r, ...`` with ``r = T // N``, plus ``steps_offset``;
+    - ``trailing``: ``T-1, T-1-T/N, ...`` rounded (starts at the noisiest step; best for few steps).
+    """
+    T = num_train_timesteps
+    N = int(num_inference_steps)
+    if N < 1 or N > T:
+        raise ValueError(f"num_inference_steps must be in [1, {T}] (num_train_timesteps), got {num_inference_steps}")
+    if timestep_spacing == "linspace":
+        ts = np.linspace(0, T - 1, N).round()[::-1]
+    elif timestep_spacing == "leading":
+        ts = (np.arange(N) * (T // N)).round()[::-1] + steps_offset
+    elif timestep_spacing == "trailing":
+        ts = np.round(np.arange(T, 0, -T / N)) - 1
+    else:
+        raise ValueError(f"timestep_spacing={timestep_spacing!r} is not supported; use one of {TIMESTEP_SPACINGS}")
+    return np.ascontiguousarray(ts).astype(np.int64)
+
+
+def as_index(timestep) -> int:
+    """A scalar timestep (python number or 0-d/1-element tensor) as a python int."""
+    if isinstance(timestep, torch.Tensor):
+        if timestep.numel() != 1:
+            raise ValueError(f"step() takes one timestep for the whole batch, got a tensor of shape {tuple(timestep.shape)}")
+        timestep = timestep.item()
+    return int(round(float(timestep)))
+
+
+def to_eps_x0(model_output, sample, alpha_bar, prediction_type: str):
+    """Convert a model output to ``(eps, x0)`` predictions at noise level ``alpha_bar`` (a float).
+
+    ``v_prediction`` follows Salimans & Ho (2022): ``v = sqrt(a) eps - sqrt(1-a) x0``.
+    """
+    a, s = math.sqrt(alpha_bar), math.sqrt(1.0 - alpha_bar)
+    if prediction_type == "epsilon":
+        eps = model_output
+        x0 = (sample - s * eps) / a
+    elif prediction_type == "v_prediction":
+        eps = a * model_output + s * sample
+        x0 = a * sample - s * model_output
+    elif prediction_type == "sample":
+        x0 = model_output
+        if s == 0.0:
+            raise ValueError("prediction_type='sample' cannot give an epsilon at alpha_bar=1 (no noise)")
+        eps = (sample - a * x0) / s
+    else:
+        raise ValueError(f"prediction_type={prediction_type!r} is not supported; use one of {PREDICTION_TYPES}")
+    return eps, x0
+
+
+def check_prediction_type(prediction_type: str, supported: Sequence[str], cls_name: str) -> None:
+    if prediction_type not in supported:
+        raise ValueError(
+            f"{cls_name} does not support prediction_type={prediction_type!r}; use one of {tuple(supported)} "
+            "(set it with from_config(..., prediction_type=...))"
+        )
+
+
+def check_off(cls_name: str, **flags) -> None:
+    """Refuse config options we do not implement instead of silently ignoring them."""
+    on = [k for k, v in flags.items() if v]
+    if on:
+        raise ValueError(
+            f"{cls_name} does not implement {', '.join(on)}; load the config with "
+            + ", ".join(f"{k}=False" for k in on)
+            + " or use the diffusers scheduler"
+        )
+
+
+def add_noise_vp(alphas_cumprod: torch.Tensor, original_samples, noise, timesteps) -> torch.Tensor:
+    """Forward process ``sqrt(a_t) x0 + sqrt(1-a_t) eps`` for per-sample integer ``timesteps`` ``[B]``."""
+    ac = alphas_cumprod.to(device=original_samples.device, dtype=original_samples.dtype)
+    t = torch.as_tensor(timesteps, device=original_samples.device).long().reshape(-1)
+    shape = (-1,) + (1,) * (original_samples.ndim - 1)
+    a = ac[t].reshape(shape)
+    return a.sqrt() * original_samples + (1 - a).sqrt() * noise
+
+
+def velocity_vp(alphas_cumprod: torch.Tensor, sample, noise, timesteps) -> torch.Tensor:
+    """The v target ``sqrt(a) eps - sqrt(1-a) x0`` for training v-prediction models."""
+    ac = alphas_cumprod.to(device=sample.device, dtype=sample.dtype)
+    t = torch.as_tensor(timesteps, device=sample.device).long().reshape(-1)
+    a = ac[t].reshape((-1,) + (1,) * (sample.ndim - 1))
+    return a.sqrt() * noise - (1 - a).sqrt() * sample
+
+
+def randn_like_gen(shape, generator, device, dtype) -> torch.Tensor:
+    """Gaussian noise drawn the way diffusers' pipelines draw it, so a shared generator gives the same
+    numbers as a diffusers scheduler (needed for the exactness tests of stochastic steps)."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    return randn_tensor(shape, generator=generator, device=device, dtype=dtype)

@@ -1,0 +1,135 @@
+"""The step-policy contract for masked diffusion language models.
+
+A sampler decides, at one decoding step, which masked positions of the current block to commit
+(and, for samplers that backtrack, which committed ones to mask again). It never calls the model:
+the driver (`dlm.generate`) runs the forward pass and hands the logits over.
+
+Shapes: B batch rows, L = prompt + generation length, V vocabulary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Base of every sampler config: frozen, validated, JSON round-trippable.
+
+    Neutral values mean "off". Subclasses add fields and extend `validate`.
+    """
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field and the fix when values contradict each other."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SamplerConfig":
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown config keys {unknown}; valid keys are {sorted(known)}")
+        return cls(**data)
+
+
+@dataclass
+class StepContext:
+    """What the driver knows at one step, for the rows still being decoded.
+
+    Everything is restricted to the current block: `Lb` is the block length, and position j here
+    is absolute position `block_start + j` of the sequence. Committed positions of the block are
+    included, so a remasking sampler can look at them.
+
+    Attributes:
+        x: `[B, Lb]` long, current tokens of the block; `mask_token_id` where still masked.
+        candidates: `[B, Lb]` bool, masked positions of the block (may be committed now); all
+            False for a row that has already finished this block.
+        num_transfer: `[B]` long, tokens the schedule asks this step to commit per row
+            (`ceil(masks left in block / steps left in block)`, at least 1 where candidates remain).
+        step: index of this step inside the block (0-based).
+        steps_in_block: the block's share of the forward-pass budget.
+        last_step: True when no step is left for this block after this one: every candidate
+            must be committed now (the driver fills any a sampler leaves with its proposal).
+        temperature: sampling temperature, 0 means greedy (argmax).
+        generator: `torch.Generator` for every random draw, or None.
+        mask_token_id: id of the mask token.
+        state: per-generation scratch space owned by the sampler (history such as last-step
+            confidences or credit tensors); created by `Sampler.init_state`, keyed by the sampler.
+        block_start: absolute position of the block's first token.
+        rows: `[B]` long, indices of these rows in the caller's full batch (rows that finished are
+            not passed), so a stateful sampler can index its per-row state.
+    """
+
+    x: torch.Tensor
+    candidates: torch.Tensor
+    num_transfer: torch.Tensor
+    step: int
+    steps_in_block: int
+    last_step: bool
+    temperature: float
+    generator: torch.Generator | None
+    mask_token_id: int
+    block_start: int = 0
+    state: dict = field(default_factory=dict)
+    rows: torch.Tensor | None = None
+
+
+@dataclass
+class StepResult:
+    """A sampler's decision for one step.
+
+    Attributes:
+        x: `[B, Lb]` long, the block's new tokens (committed positions filled, remasked ones set to
+            the mask id).
+        proposal: `[B, Lb]` long, the token the sampler would put at each position (x0).
+        confidence: `[B, Lb]` float, the probability of `proposal` under the step's distribution.
+    """
+
+    x: torch.Tensor
+    proposal: torch.Tensor
+    confidence: torch.Tensor
+
+
+class Sampler:
+    """Base class: one subclass per algorithm, one file per subclass.
+
+    Class attributes:
+        name: registry name.
+        Config: the frozen config dataclass.
+        remasks: True if the sampler may turn committed tokens back into masks.
+        adaptive: True if the sampler may commit more than `num_transfer` tokens in a step
+            (it then finishes blocks with fewer forward passes than the budget).
+    """
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[SamplerConfig]] = SamplerConfig
+    remasks: ClassVar[bool] = False
+    adaptive: ClassVar[bool] = False
+
+    def __init__(self, config: SamplerConfig | None = None, **overrides: Any):
+        if config is None:
+            config = self.Config(**overrides)
+        elif overrides:
+            config = dataclasses.replace(config, **overrides)
+        if not isinstance(config, self.Config):
+            raise ValueError(f"sampler '{self.name}' needs a {self.Config.__name__}, got {type(config).__name__}")
+        config.validate()
+        self.config = config
+
+    def init_state(self, batch_size: int, seq_len: int, device: torch.device) -> dict:
+        """Fresh per-generation state; stateless samplers return an empty dict."""
+        return {}
+
+    def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
+        """Decide the block's next state. `logits` is `[B, Lb, V]`, aligned with `ctx.x`."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config})"

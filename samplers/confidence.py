@@ -1,0 +1,29 @@
+"""Low-confidence remasking: commit the k masked positions whose sampled token is most probable.
+
+LLaDA's 'low_confidence' (Nie et al., 2025) and Dream's 'maskgit_plus' (top-prob). Score c = p(x0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from samplers._common import propose
+from samplers._scored import ScoredConfig, commit_top_k
+from samplers.base import Sampler, StepContext, StepResult
+from samplers.registry import register
+
+
+@dataclass(frozen=True)
+class ConfidenceConfig(ScoredConfig):
+    pass
+
+
+@register
+class ConfidenceSampler(Sampler):
+    name = "confidence"
+    Config = ConfidenceConfig
+
+    def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
+        proposal, confidence, _ = propose(logits, ctx)
+        return StepResult(commit_top_k(confidence, proposal, ctx, self.config.alg_temp), proposal, confidence)

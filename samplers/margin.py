@@ -1,0 +1,32 @@
+"""Top-prob-margin unmasking: commit the k masked positions where the model is most decided.
+
+Kim et al., 2025, "Train for the Worst, Plan for the Best" (Dream's 'topk_margin'):
+score c = p(top1) - p(top2) of the step's distribution.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from samplers._common import propose
+from samplers._scored import ScoredConfig, commit_top_k
+from samplers.base import Sampler, StepContext, StepResult
+from samplers.registry import register
+
+
+@dataclass(frozen=True)
+class MarginConfig(ScoredConfig):
+    pass
+
+
+@register
+class MarginSampler(Sampler):
+    name = "margin"
+    Config = MarginConfig
+
+    def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
+        proposal, confidence, probs = propose(logits, ctx)
+        top2 = probs.topk(2, dim=-1).values
+        margin = top2[..., 0] - top2[..., 1]
+        return StepResult(commit_top_k(margin, proposal, ctx, self.config.alg_temp), proposal, confidence)
