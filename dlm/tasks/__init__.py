@@ -1,0 +1,51 @@
+"""Verifiable task suites shared by the tiny model's training and the benchmark.
+
+    task = get_task("reverse")
+    for ex in task.examples("test", n=50, seed=0):
+        text = my_model(ex.input_text)   # ex.prompt + "\\n" for the built-in tiny model
+        ok = task.score(ex, text)        # 1.0 correct/valid, 0.0 not
+
+Suites: "list_edits", "arithmetic", "puzzles", "all".
+"""
+from __future__ import annotations
+
+from .arithmetic import Arithmetic, extract_number
+from .base import (MAX_ANSWER_CHARS, MAX_PROMPT_CHARS, PROMPT_SUFFIX, Example, Task,
+                   format_prompt, split_of)
+from .list_edits import LIST_EDIT_TASKS, NAMES
+from .puzzles import Latin, Sudoku
+
+_TASK_CLASSES = {cls.op: cls for cls in LIST_EDIT_TASKS}
+_TASK_CLASSES.update({"arithmetic": Arithmetic, "sudoku": Sudoku, "latin": Latin})
+
+TASK_NAMES = tuple(_TASK_CLASSES)
+
+SUITES: dict[str, tuple[str, ...]] = {
+    "list_edits": tuple(cls.op for cls in LIST_EDIT_TASKS),
+    "arithmetic": ("arithmetic",),
+    "puzzles": ("sudoku", "latin"),
+}
+SUITES["all"] = SUITES["list_edits"] + SUITES["arithmetic"] + SUITES["puzzles"]
+
+
+def get_task(name: str) -> Task:
+    """A fresh task object by name; ValueError lists the valid names."""
+    try:
+        return _TASK_CLASSES[name]()
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASK_NAMES)}") from None
+
+
+def get_suite(name: str) -> list[Task]:
+    """The tasks of a suite (or a single task by name); ValueError lists the valid names."""
+    if name in SUITES:
+        return [get_task(t) for t in SUITES[name]]
+    if name in _TASK_CLASSES:
+        return [get_task(name)]
+    raise ValueError(f"unknown suite {name!r}; valid suites: {', '.join(SUITES)} "
+                     f"(or a task: {', '.join(TASK_NAMES)})")
+
+
+__all__ = ["Example", "Task", "SUITES", "TASK_NAMES", "get_task", "get_suite", "split_of",
+           "format_prompt", "PROMPT_SUFFIX", "MAX_ANSWER_CHARS", "MAX_PROMPT_CHARS",
+           "extract_number", "NAMES"]
