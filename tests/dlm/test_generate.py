@@ -1,0 +1,128 @@
+"""The decoding loop: budget arithmetic, validation, shifted logits, EOS handling."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import dlm
+from dlm.schedule import block_budget, tokens_this_step
+from toy_models import ShiftedToy, ToyDLM
+
+PROMPT = torch.tensor([[1, 2, 3, 4]])
+
+
+def test_block_budgets_spread_the_remainder_first():
+    steps_left, shares = 10, []
+    for blocks_left in range(4, 0, -1):
+        shares.append(block_budget(steps_left, blocks_left))
+        steps_left -= shares[-1]
+    assert shares == [3, 3, 2, 2]
+
+
+def test_tokens_per_step_matches_llada_split():
+    masks, got = torch.tensor([32]), []
+    for s in range(10):
+        k = tokens_this_step(masks, 10 - s)
+        got.append(int(k))
+        masks = masks - k
+    assert got == [4, 4] + [3] * 8 and sum(got) == 32
+
+
+def test_uneven_budget_is_used_exactly():
+    out = dlm.generate(ToyDLM(), PROMPT, gen_length=32, block_length=8, steps=10)
+    assert out.steps_per_block == [3, 3, 2, 2] and out.nfe == 10
+
+
+def test_adaptive_sampler_rolls_unused_steps_over():
+    out = dlm.generate(ToyDLM(), PROMPT, gen_length=16, block_length=8, steps=16, sampler="threshold",
+                       sampler_config={"tau": 0.05})
+    assert out.nfe < 16 and out.tpf > 1
+    assert sum(out.steps_per_block) == out.nfe
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"gen_length": 30, "block_length": 8}, "multiple of block_length"),
+    ({"gen_length": 32, "block_length": 8, "steps": 3}, "at least the number of blocks"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"kv_cache": "full"}, "kv_cache"),
+    ({"kv_cache": "prefix"}, "KV-cache support"),
+    ({"gen_length": 200}, "exceeds the model's context"),
+    ({"sampler": "fastest"}, "valid samplers"),
+])
+def test_bad_arguments_are_refused_with_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dlm.generate(ToyDLM(), PROMPT, **kwargs)
+
+
+def test_empty_prompt_and_missing_mask_id_are_refused():
+    with pytest.raises(ValueError, match="empty"):
+        dlm.generate(ToyDLM(), torch.zeros(1, 0, dtype=torch.long))
+    bare = lambda ids, attention_mask=None: torch.zeros(*ids.shape, 5)  # noqa: E731
+    with pytest.raises(ValueError, match="mask_token_id"):
+        dlm.generate(bare, PROMPT, gen_length=4)
+
+
+def test_shifted_logits_give_the_same_generation():
+    """A Dream-style model (logits shifted by one) decodes exactly like its aligned twin."""
+    inner = ToyDLM(seed=1)
+    aligned = dlm.generate(inner, PROMPT, gen_length=16, block_length=8, steps=8)
+    shifted = dlm.generate(ShiftedToy(inner), PROMPT, gen_length=16, block_length=8, steps=8, shift_logits=True)
+    assert torch.equal(aligned.sequences, shifted.sequences)
+
+
+def test_shift_is_inferred_from_a_dream_config():
+    model = ShiftedToy(ToyDLM())
+    model.config = SimpleNamespace(**vars(model.config), model_type="Dream")
+    assert dlm.DLMAdapter.wrap(model).shift_logits
+
+
+class EosAfter(torch.nn.Module):
+    """Predicts token 5 at generation position < n and EOS afterwards, confidently."""
+
+    def __init__(self, prompt_length, n):
+        super().__init__()
+        self.config = SimpleNamespace(mask_token_id=9, eos_token_id=8, vocab_size=10)
+        self.prompt_length, self.n = prompt_length, n
+        self.rows_seen = []
+
+    def forward(self, ids, attention_mask=None, **kw):
+        self.rows_seen.append(ids.shape[0])
+        logits = torch.full((*ids.shape, 10), -10.0)
+        pos = torch.arange(ids.shape[1]) - self.prompt_length
+        logits[:, pos < self.n, 5] = 10.0
+        logits[:, pos >= self.n, 8] = 10.0
+        return logits
+
+
+def test_eos_early_stop_skips_the_remaining_blocks():
+    model = EosAfter(prompt_length=4, n=3)
+    out = dlm.generate(model, PROMPT, gen_length=32, block_length=8, steps=32, eos_early_stop=True)
+    assert out.sequences[0, 4:7].tolist() == [5, 5, 5]
+    assert (out.sequences[0, 7:] == 8).all()
+    assert out.nfe == 8  # only the first block was decoded
+    plain = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32)
+    assert plain.nfe == 32 and torch.equal(plain.sequences, out.sequences)
+
+
+def test_finished_rows_leave_the_batch():
+    model = EosAfter(prompt_length=4, n=3)
+    prompts = PROMPT.repeat(2, 1)
+    dlm.generate(model, prompts, gen_length=16, block_length=8, steps=16, eos_early_stop=True)
+    assert model.rows_seen == [2] * 8  # both rows stop after block 0; no call for block 1
+
+
+def test_classifier_free_guidance_runs_one_batched_call():
+    model = ToyDLM()
+    out = dlm.generate(model, PROMPT, gen_length=8, steps=8, cfg_scale=1.5)
+    assert out.nfe == 8 and len(model.calls) == 8 and model.calls[0].shape[0] == 2
+    unguided = dlm.generate(ToyDLM(), PROMPT, gen_length=8, steps=8)
+    assert out.sequences.shape == unguided.sequences.shape
+
+
+def test_trace_and_callback_see_every_step():
+    seen = []
+    out = dlm.generate(ToyDLM(), PROMPT, gen_length=16, block_length=8, steps=8, callback=seen.append, return_trace=True)
+    assert len(seen) == len(out.trace) == out.nfe
+    assert sum(int(r.committed.sum()) for r in seen) == 16
