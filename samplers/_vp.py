@@ -23,6 +23,36 @@ BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
 TIMESTEP_SPACINGS = ("linspace", "leading", "trailing")
 PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
 
+VP_COMPATIBLES = [
+    "DDIMScheduler",
+    "DDPMScheduler",
+    "PNDMScheduler",
+    "LMSDiscreteScheduler",
+    "EulerDiscreteScheduler",
+    "HeunDiscreteScheduler",
+    "EulerAncestralDiscreteScheduler",
+    "DPMSolverMultistepScheduler",
+    "DPMSolverSinglestepScheduler",
+    "KDPM2DiscreteScheduler",
+    "KDPM2AncestralDiscreteScheduler",
+    "DEISMultistepScheduler",
+    "UniPCMultistepScheduler",
+    "DPMSolverSDEScheduler",
+]
+
+
+@dataclass
+class SampleResult:
+    """Result of a plain-function sampler.
+
+    Attributes:
+        sample: ``[B, ...]`` the final sample (``x0`` estimate at the end of the grid).
+        nfe: number of denoiser calls made.
+    """
+
+    sample: torch.Tensor
+    nfe: int
+
 
 @dataclass
 class SolverOutput(BaseOutput):

@@ -1,0 +1,193 @@
+"""DDIM (Song, Meng & Ermon 2021, "Denoising Diffusion Implicit Models"), eq. 12.
+
+``x0 = (x - sqrt(1-a) e) / sqrt(a)``;  ``x' = sqrt(a') x0 + sqrt(1 - a' - s^2) e + s z`` with
+``s = eta * sqrt((1-a')/(1-a)) * sqrt(1 - a/a')``. ``eta = 0`` is the deterministic ODE sampler (the
+first-order case of PNDM, see ``samplers/pndm.py``); ``eta = 1`` matches DDPM's posterior variance.
+
+Two forms share the math: :class:`DDIMSolver`, a drop-in diffusers scheduler
+(``pipe.scheduler = DDIMSolver.from_config(pipe.scheduler.config)``), and :func:`sample_ddim`, a plain
+loop over an ``eps_fn(x, t)`` denoiser.
+
+Difference from diffusers' DDIMScheduler, on purpose: the previous timestep is the next point of the
+grid set by ``set_timesteps`` rather than ``t - T // N``. The two agree for ``leading`` spacing and for
+``trailing`` spacing when ``N`` divides ``T``; for ``linspace`` spacing ours steps on its own grid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+from samplers._vp import (
+    VP_COMPATIBLES,
+    SampleResult,
+    SolverOutput,
+    add_noise_vp,
+    as_index,
+    check_off,
+    check_prediction_type,
+    make_alphas_cumprod,
+    randn_like_gen,
+    to_eps_x0,
+    velocity_vp,
+    vp_timesteps,
+)
+
+def ddim_update(x, eps, x0, a: float, a_prev: float, eta: float = 0.0, noise=None):
+    """One DDIM step from level ``a`` to ``a_prev`` given the ``eps`` and ``x0`` predictions."""
+    sigma = 0.0
+    if eta > 0:
+        sigma = eta * math.sqrt((1 - a_prev) / (1 - a)) * math.sqrt(1 - a / a_prev)
+    out = math.sqrt(a_prev) * x0 + math.sqrt(max(1 - a_prev - sigma**2, 0.0)) * eps
+    if sigma > 0:
+        if noise is None:
+            raise ValueError("eta > 0 needs noise (pass a generator or variance_noise)")
+        out = out + sigma * noise
+    return out
+
+
+class DDIMSolver(SchedulerMixin, ConfigMixin):
+    """DDIM as a diffusers scheduler. Config keys are those of diffusers' ``DDIMScheduler``.
+
+    ``eta`` (config, default 0) is used when ``step`` gets no ``eta``; pipelines such as
+    ``DDIMPipeline`` pass their own ``eta`` to ``step``. NFE = ``num_inference_steps``.
+    """
+
+    _compatibles = VP_COMPATIBLES
+    order = 1
+
+    @register_to_config
+    def __init__(
+        self,
+        num_train_timesteps: int = 1000,
+        beta_start: float = 0.0001,
+        beta_end: float = 0.02,
+        beta_schedule: str = "linear",
+        trained_betas: Optional[Sequence[float]] = None,
+        clip_sample: bool = True,
+        set_alpha_to_one: bool = True,
+        steps_offset: int = 0,
+        prediction_type: str = "epsilon",
+        thresholding: bool = False,
+        dynamic_thresholding_ratio: float = 0.995,
+        clip_sample_range: float = 1.0,
+        sample_max_value: float = 1.0,
+        timestep_spacing: str = "leading",
+        rescale_betas_zero_snr: bool = False,
+        eta: float = 0.0,
+    ):
+        check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), type(self).__name__)
+        check_off(type(self).__name__, thresholding=thresholding)
+        if eta < 0:
+            raise ValueError(f"eta must be >= 0 (0 = deterministic DDIM, 1 = DDPM variance), got {eta}")
+        self.alphas_cumprod = make_alphas_cumprod(
+            num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
+        )
+        self.final_alpha_cumprod = 1.0 if set_alpha_to_one else float(self.alphas_cumprod[0])
+        self.init_noise_sigma = 1.0
+        self.num_inference_steps = None
+        self.timesteps = torch.from_numpy(np.arange(num_train_timesteps)[::-1].copy())
+        self._prev = {}
+
+    def set_timesteps(self, num_inference_steps: int, device=None):
+        """Fill ``timesteps`` (descending, ``[N]``); DDIM keeps no history, so nothing else to reset."""
+        ts = vp_timesteps(
+            num_inference_steps, self.config.num_train_timesteps, self.config.timestep_spacing, self.config.steps_offset
+        )
+        self.num_inference_steps = int(num_inference_steps)
+        self.timesteps = torch.from_numpy(ts).to(device)
+        self._prev = {int(t): (int(ts[i + 1]) if i + 1 < len(ts) else -1) for i, t in enumerate(ts)}
+
+    def scale_model_input(self, sample: torch.Tensor, timestep=None) -> torch.Tensor:
+        return sample
+
+    def _alpha(self, t: int) -> float:
+        return float(self.alphas_cumprod[t]) if t >= 0 else self.final_alpha_cumprod
+
+    def step(
+        self,
+        model_output: torch.Tensor,
+        timestep,
+        sample: torch.Tensor,
+        eta: Optional[float] = None,
+        use_clipped_model_output: bool = False,
+        generator=None,
+        variance_noise: Optional[torch.Tensor] = None,
+        return_dict: bool = True,
+    ):
+        if self.num_inference_steps is None:
+            raise ValueError("call set_timesteps(num_inference_steps) before step()")
+        t = as_index(timestep)
+        if t not in self._prev:
+            raise ValueError(f"timestep {t} is not on the grid set by set_timesteps ({self.timesteps.tolist()})")
+        eta = self.config.eta if eta is None else float(eta)
+        a, a_prev = self._alpha(t), self._alpha(self._prev[t])
+        eps, x0 = to_eps_x0(model_output.double(), sample.double(), a, self.config.prediction_type)
+        if self.config.clip_sample:
+            r = self.config.clip_sample_range
+            x0 = x0.clamp(-r, r)
+            if use_clipped_model_output:
+                eps = (sample.double() - math.sqrt(a) * x0) / math.sqrt(1 - a)
+        noise = None
+        if eta > 0:
+            if variance_noise is not None and generator is not None:
+                raise ValueError("pass either generator or variance_noise to step(), not both")
+            noise = variance_noise
+            if noise is None:
+                noise = randn_like_gen(model_output.shape, generator, model_output.device, model_output.dtype)
+            noise = noise.double()
+        prev = ddim_update(sample.double(), eps, x0, a, a_prev, eta, noise).to(sample.dtype)
+        x0 = x0.to(sample.dtype)
+        if not return_dict:
+            return (prev, x0)
+        return SolverOutput(prev_sample=prev, pred_original_sample=x0)
+
+    def add_noise(self, original_samples, noise, timesteps):
+        return add_noise_vp(self.alphas_cumprod, original_samples, noise, timesteps)
+
+    def get_velocity(self, sample, noise, timesteps):
+        return velocity_vp(self.alphas_cumprod, sample, noise, timesteps)
+
+    def __len__(self):
+        return self.config.num_train_timesteps
+
+
+def sample_ddim(
+    eps_fn: Callable[[torch.Tensor, int], torch.Tensor],
+    x_T: torch.Tensor,
+    alphas_cumprod: torch.Tensor,
+    timesteps: Sequence[int],
+    *,
+    eta: float = 0.0,
+    generator: Optional[torch.Generator] = None,
+    final_alpha_cumprod: float = 1.0,
+) -> SampleResult:
+    """DDIM over a descending grid of integer ``timesteps``, ending at ``final_alpha_cumprod``.
+
+    Args:
+        eps_fn: ``eps_fn(x [B, ...], t: int) -> eps [B, ...]``.
+        x_T: ``[B, ...]`` initial noise.
+        alphas_cumprod: ``[T]`` training ``alpha_bar``.
+    Returns:
+        :class:`SampleResult` with NFE = ``len(timesteps)``.
+    """
+    ts = [int(t) for t in timesteps]
+    if len(ts) < 1:
+        raise ValueError("sample_ddim needs at least one timestep")
+    ac = [float(v) for v in alphas_cumprod]
+    x = x_T.double()
+    for i, t in enumerate(ts):
+        a = ac[t]
+        a_prev = ac[ts[i + 1]] if i + 1 < len(ts) else final_alpha_cumprod
+        eps = eps_fn(x.to(x_T.dtype), t).double()
+        x0 = (x - math.sqrt(1 - a) * eps) / math.sqrt(a)
+        noise = None
+        if eta > 0:
+            noise = torch.randn(x.shape, generator=generator, dtype=torch.float64).to(x.device)
+        x = ddim_update(x, eps, x0, a, a_prev, eta, noise)
+    return SampleResult(sample=x.to(x_T.dtype), nfe=len(ts))
