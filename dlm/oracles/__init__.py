@@ -1,0 +1,16 @@
+"""Analytic oracles: models whose outputs are exact, so samplers can be scored against the truth.
+
+Token languages (masked diffusion LMs following the model contract of `dlm.generate`):
+    PermutationOracle  uniform over permutations of n symbols (maximal dependence between tokens)
+    HMMOracle          a hidden-Markov language; conditionals by forward-backward
+
+One-token-per-step random-order decoding at temperature 1 draws their exact joint; see
+`dlm.tasks.oracle_tasks` for the metrics and benchmark suites built on them.
+
+(The Gaussian-mixture oracle for continuous diffusion lives in `dlm.oracles.gaussian_mixture`
+and is imported from there: it needs diffusers.)
+"""
+from dlm.oracles.hmm import HMMOracle
+from dlm.oracles.permutation import IMPOSSIBLE_LOGIT, OracleLMConfig, PermutationOracle
+
+__all__ = ["HMMOracle", "PermutationOracle", "OracleLMConfig", "IMPOSSIBLE_LOGIT"]
