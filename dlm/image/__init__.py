@@ -1,0 +1,1 @@
+"""Image diffusion on the 8x8 digits: conditional transformer, classifiers, metrics."""
