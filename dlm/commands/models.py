@@ -1,0 +1,24 @@
+"""`dlm models`: list the built-in models, one per line, name first."""
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("models", help="list built-in models and samplers")
+    p.add_argument("--samplers", action="store_true", help="list the registered samplers instead")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.samplers:
+        import sys
+        from samplers import SAMPLERS
+        for name in sorted(SAMPLERS):
+            doc = (sys.modules[SAMPLERS[name].__module__].__doc__ or "").strip()
+            print(f"{name}\t{doc.splitlines()[0] if doc else ''}")
+        return 0
+    from dlm.loading import builtin_models
+    from pathlib import Path
+    for name, path in builtin_models().items():
+        state = "ready" if (Path(path) / "config.json").is_file() else "missing checkpoint"
+        print(f"{name}\t{state}\t{path}")
+    return 0

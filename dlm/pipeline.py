@@ -1,0 +1,121 @@
+"""A diffusers-style pipeline for masked diffusion LMs.
+
+    pipe = DLMPipeline.from_pretrained("tiny-dlm")
+    out = pipe("reverse: ana bo cyd", num_inference_steps=32, gen_length=64, block_length=32,
+               sampler="threshold")
+    out.texts, out.nfe
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dlm.generate import generate as run_generation
+from dlm.loading import LoadedModel, load
+
+
+@dataclass
+class DLMPipelineOutput:
+    """Attributes:
+        texts: one decoded response per prompt (special tokens removed, cut at the first EOS).
+        sequences: `[B, P + gen_length]` token ids, prompts left-padded.
+        nfe / tpf / seconds: as in `dlm.GenerateOutput`.
+    """
+
+    texts: list[str]
+    sequences: torch.Tensor
+    nfe: int
+    tpf: float
+    seconds: float
+
+
+class DLMPipeline:
+    """Prompt in, text out: tokenisation, left padding, decoding, detokenisation.
+
+    Prompts are formatted the way the model was trained: the tokenizer's chat template when it
+    has one (`use_chat_template=None` means "if available"), the task format of the built-in
+    tiny model, or the raw text.
+    """
+
+    def __init__(self, model, tokenizer, *, mask_token_id: int | None = None, eos_token_id: int | None = None,
+                 pad_token_id: int | None = None, shift_logits: bool | None = None, name: str = ""):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.mask_token_id = mask_token_id if mask_token_id is not None else getattr(tokenizer, "mask_token_id", None)
+        self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+        pad = pad_token_id if pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
+        if pad is None or pad == self.mask_token_id:
+            pad = self.eos_token_id
+        self.pad_token_id = pad
+        self.shift_logits = shift_logits
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str = "tiny-dlm", **load_kwargs: Any) -> "DLMPipeline":
+        loaded: LoadedModel = load(name_or_path, **load_kwargs)
+        return cls(loaded.model, loaded.tokenizer, mask_token_id=loaded.mask_token_id,
+                   eos_token_id=loaded.eos_token_id, pad_token_id=loaded.pad_token_id,
+                   shift_logits=loaded.shift_logits, name=loaded.name)
+
+    @property
+    def device(self) -> torch.device:
+        params = getattr(self.model, "parameters", None)
+        try:
+            return next(params()).device if params else torch.device("cpu")
+        except StopIteration:
+            return torch.device("cpu")
+
+    def format_prompt(self, prompt: str, use_chat_template: bool | None = None) -> str:
+        has_template = bool(getattr(self.tokenizer, "chat_template", None))
+        if use_chat_template and not has_template:
+            raise ValueError("use_chat_template=True but the tokenizer has no chat template")
+        if has_template and use_chat_template is not False:
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+        if getattr(getattr(self.model, "config", None), "model_type", "") == "tiny-dlm":
+            from dlm.tasks import format_prompt
+            return format_prompt(prompt)
+        return prompt
+
+    def encode(self, prompts: list[str], use_chat_template: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded `[B, P]` ids and attention mask."""
+        ids = []
+        for i, prompt in enumerate(prompts):
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise ValueError(f"prompt {i} is empty; give some text to respond to")
+            ids.append(self.tokenizer.encode(self.format_prompt(prompt, use_chat_template), add_special_tokens=False))
+        if len(prompts) > 1 and self.pad_token_id is None:
+            raise ValueError("batched prompts need a pad token: pass pad_token_id= (not the mask id)")
+        width = max(len(s) for s in ids)
+        input_ids = torch.tensor([[self.pad_token_id or 0] * (width - len(s)) + s for s in ids], dtype=torch.long)
+        attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in ids], dtype=torch.long)
+        return input_ids.to(self.device), attention.to(self.device)
+
+    def decode(self, sequences: torch.Tensor, prompt_length: int) -> list[str]:
+        texts = []
+        for row in sequences[:, prompt_length:].tolist():
+            if self.eos_token_id is not None and self.eos_token_id in row:
+                row = row[: row.index(self.eos_token_id)]
+            texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
+        return texts
+
+    def __call__(self, prompt: str | list[str], num_inference_steps: int | None = None, *, gen_length: int = 64,
+                 block_length: int | None = None, sampler="confidence", temperature: float = 0.0,
+                 generator: torch.Generator | None = None, kv_cache: str = "none", eos_early_stop: bool = True,
+                 use_chat_template: bool | None = None, progress: bool = False, **generate_kwargs: Any) -> DLMPipelineOutput:
+        """Generate a response for each prompt.
+
+        `num_inference_steps` is the forward-pass budget (default: `gen_length`, one token per
+        step); the other arguments are those of `dlm.generate`.
+        """
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not prompts:
+            raise ValueError("prompt is an empty list; give at least one prompt")
+        input_ids, attention = self.encode(prompts, use_chat_template)
+        out = run_generation(
+            self.model, input_ids, attention_mask=attention, gen_length=gen_length, block_length=block_length,
+            steps=num_inference_steps, sampler=sampler, temperature=temperature, generator=generator,
+            mask_token_id=self.mask_token_id, eos_token_id=self.eos_token_id, kv_cache=kv_cache,
+            eos_early_stop=eos_early_stop and self.eos_token_id is not None, shift_logits=self.shift_logits,
+            progress=progress, **generate_kwargs)
+        return DLMPipelineOutput(self.decode(out.sequences, input_ids.shape[1]), out.sequences, out.nfe, out.tpf, out.seconds)
