@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError, FileNotFoundError) as err:
         print(f"dlm {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed: not an error
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("dlm: interrupted", file=sys.stderr)
         return 130
