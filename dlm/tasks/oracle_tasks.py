@@ -1,0 +1,355 @@
+"""Benchmark suites on the analytic oracle languages, and the metrics that score decoded sequences.
+
+Unlike the text tasks of this package (one prompt, one checkable answer), an oracle suite scores a
+SAMPLER as a sampler of a distribution: the model (`dlm.oracles.PermutationOracle`,
+`dlm.oracles.HMMOracle`) is exact, so any gap between the outputs and the oracle's joint is the
+decoding's fault (ALGORITHMS 1.10: committing k tokens in one step draws them independently, and
+the KL to the data is bounded below by their total correlation). One-token-per-step random-order
+decoding at temperature 1 is the exact reference.
+
+Usage (the bench)::
+
+    from dlm.tasks.oracle_tasks import get_oracle_suite, ORACLE_SUITE_NAMES
+    suite = get_oracle_suite("oracle-hmm")
+    run = suite.run(sampler="confidence", steps=4, block_length=8, seed=0)
+    run.metrics.to_dict(), run.nfe, run.tpf
+
+or with your own loop: ``oracle = suite.build()``, ``dlm.generate(oracle, suite.prompts(oracle),
+**suite.generate_kwargs(oracle), ...)``, then ``suite.evaluate(oracle, out.sequences)``.
+
+What the bench should report for each (suite, sampler, steps) cell, at temperature 1:
+    valid_fraction      share of outputs with positive probability (permutation: all symbols
+                        distinct). 1.0 for an exact sampler; the headline number for "oracle-permutation".
+    log_prob_gap        E_true[log p] - mean log p(output) over valid outputs, in nats per sequence.
+                        0 for an exact sampler (up to Monte Carlo error); positive = outputs less likely
+                        than true samples (incoherent mixtures); negative = over-concentrated on
+                        likely sequences (mode seeking, e.g. low temperature). Not a divergence: read
+                        it together with the distribution metrics. Always 0 for valid permutations.
+    total_variation     TV between the empirical output distribution and the exact joint (support
+                        small enough to enumerate). Finite samples make it positive even for an exact
+                        sampler: compare with reference_total_variation, the TV of the same number of
+                        exact samples.
+    kl_empirical_to_true  KL(empirical || true) in nats; inf if any output is invalid; compare
+                        with reference_kl.
+    chi2_pvalue         goodness-of-fit p-value of the outputs against the exact joint (small
+                        expected counts merged); tiny values mean the sampler is provably inexact.
+plus NFE and tokens per forward from `dlm.generate`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from dlm.oracles.hmm import HMMOracle
+from dlm.oracles.permutation import PermutationOracle, sequence_codes
+
+# Enumerating the support for distribution-level metrics is skipped beyond this many cells.
+MAX_DISTRIBUTION_CELLS = 200_000
+
+
+def _generation(oracle, sequences: torch.Tensor) -> torch.Tensor:
+    """Last `n` columns of `[N, P + n]` or `[N, n]` outputs, checked."""
+    if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2 or sequences.shape[1] < oracle.gen_length:
+        raise ValueError(f"sequences must be [N, >= n] with n={oracle.gen_length} (the generation is "
+                         f"the last n columns); got {tuple(getattr(sequences, 'shape', ()))}")
+    return sequences[:, -oracle.gen_length:].long().cpu()
+
+
+def _support_size(oracle) -> int:
+    if isinstance(oracle, PermutationOracle):
+        return math.factorial(oracle.n)
+    return oracle.num_symbols ** oracle.gen_length
+
+
+@dataclass
+class CellCounts:
+    """Outputs binned over the enumerated support of an oracle.
+
+    Attributes:
+        sequences: `[M, n]` the support cells (positive probability), lexicographic order.
+        probs: `[M]` float64 exact probabilities (sum to 1).
+        counts: `[M]` long, outputs falling in each cell.
+        outside: outputs outside the support (invalid sequences).
+    """
+
+    sequences: torch.Tensor
+    probs: torch.Tensor
+    counts: torch.Tensor
+    outside: int
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum()) + self.outside
+
+
+def cell_counts(oracle, sequences: torch.Tensor) -> CellCounts:
+    """Bin outputs `[N, P + n]` (or `[N, n]`) over the oracle's enumerated support."""
+    gen = _generation(oracle, sequences)
+    support, log_probs = oracle.enumerate_joint()
+    support, log_probs = support.cpu(), log_probs.cpu()
+    keep = torch.isfinite(log_probs)
+    support, probs = support[keep], log_probs[keep].exp()
+    base = oracle.num_symbols
+    table = sequence_codes(support, base)  # increasing: lexicographic enumeration
+    codes = sequence_codes(gen, base)
+    idx = torch.searchsorted(table, codes).clamp_max(table.numel() - 1)
+    hit = (table[idx] == codes) & (codes >= 0)
+    counts = torch.bincount(idx[hit], minlength=table.numel())
+    return CellCounts(support, probs, counts, int((~hit).sum()))
+
+
+@dataclass
+class ChiSquareResult:
+    """Pearson goodness-of-fit of outputs to the exact joint.
+
+    Attributes:
+        statistic / pvalue: scipy's; `inf` / 0.0 when some output lies outside the support.
+        dof: degrees of freedom (merged cells - 1).
+        num_cells: cells after merging those with expected count below `min_expected`.
+        outside: outputs outside the support.
+    """
+
+    statistic: float
+    pvalue: float
+    dof: int
+    num_cells: int
+    outside: int
+
+
+def merge_small_cells(observed: torch.Tensor, expected: torch.Tensor, min_expected: float = 5.0):
+    """Pool cells, smallest expected count first, until every pooled cell expects `min_expected`.
+
+    Returns float64 numpy arrays `(observed, expected)` of the merged cells. The last pool, if still
+    short, joins the previous one.
+    """
+    order = torch.argsort(expected, stable=True)
+    obs, exp = observed[order].double().tolist(), expected[order].double().tolist()
+    pooled_obs, pooled_exp, acc_o, acc_e = [], [], 0.0, 0.0
+    for o, e in zip(obs, exp):
+        acc_o, acc_e = acc_o + o, acc_e + e
+        if acc_e >= min_expected:
+            pooled_obs.append(acc_o)
+            pooled_exp.append(acc_e)
+            acc_o = acc_e = 0.0
+    if acc_e > 0 or acc_o > 0:
+        if pooled_exp:
+            pooled_obs[-1] += acc_o
+            pooled_exp[-1] += acc_e
+        else:
+            pooled_obs.append(acc_o)
+            pooled_exp.append(acc_e)
+    import numpy as np
+
+    return np.asarray(pooled_obs), np.asarray(pooled_exp)
+
+
+def chi_square_test(oracle, sequences: torch.Tensor, *, min_expected: float = 5.0) -> ChiSquareResult:
+    """Chi-square test of the outputs against the oracle's exact joint (`scipy.stats.chisquare`).
+
+    Cells are the enumerated support; cells whose expected count is below `min_expected` are merged
+    (`merge_small_cells`) so the chi-square approximation holds. Any output outside the support
+    makes the fit impossible: statistic inf, p-value 0.
+    """
+    from scipy.stats import chisquare
+
+    bins = cell_counts(oracle, sequences)
+    n_in = int(bins.counts.sum())
+    if bins.outside > 0 or n_in == 0:
+        return ChiSquareResult(float("inf"), 0.0, 0, 0, bins.outside)
+    obs, exp = merge_small_cells(bins.counts, bins.probs * n_in, min_expected)
+    exp = exp * (obs.sum() / exp.sum())  # scipy insists the totals agree to 1e-8
+    if len(obs) < 2:
+        return ChiSquareResult(0.0, 1.0, 0, len(obs), 0)
+    res = chisquare(obs, exp)
+    return ChiSquareResult(float(res.statistic), float(res.pvalue), len(obs) - 1, len(obs), 0)
+
+
+def distribution_distances(oracle, sequences: torch.Tensor) -> tuple[float, float]:
+    """`(total_variation, kl_empirical_to_true)` between the outputs' empirical distribution and the
+    exact joint. Mass on invalid outputs counts fully towards TV and makes the KL infinite."""
+    bins = cell_counts(oracle, sequences)
+    total = bins.total
+    if total == 0:
+        raise ValueError("no sequences to score")
+    emp = bins.counts.double() / total
+    tv = 0.5 * (float((emp - bins.probs).abs().sum()) + bins.outside / total)
+    if bins.outside:
+        return tv, float("inf")
+    seen = emp > 0
+    kl = float((emp[seen] * (emp[seen].log() - bins.probs[seen].log())).sum())
+    return tv, kl
+
+
+@dataclass
+class OracleMetrics:
+    """How far decoded sequences are from exact samples of an oracle (see the module docstring).
+
+    Attributes:
+        num_samples: outputs scored.
+        valid_fraction: share of outputs with positive probability under the oracle.
+        mean_log_prob: mean exact log p(x) over VALID outputs (nats per sequence; nan if none).
+        expected_log_prob: E_true[log p(x)] = minus the entropy of the language.
+        expected_log_prob_exact: False when it is a Monte Carlo estimate (support too large).
+        log_prob_gap: expected_log_prob - mean_log_prob (0 for an exact sampler).
+        total_variation / kl_empirical_to_true / chi2_pvalue: distribution-level metrics; None
+            when the support has more than `MAX_DISTRIBUTION_CELLS` cells.
+        reference_total_variation / reference_kl: the same distances for `num_samples` exact
+            samples (the finite-sample floor); None when not computed.
+        num_cells: size of the support (None when not enumerated).
+    """
+
+    num_samples: int
+    valid_fraction: float
+    mean_log_prob: float
+    expected_log_prob: float
+    expected_log_prob_exact: bool
+    log_prob_gap: float
+    total_variation: float | None = None
+    kl_empirical_to_true: float | None = None
+    chi2_pvalue: float | None = None
+    reference_total_variation: float | None = None
+    reference_kl: float | None = None
+    num_cells: int | None = None
+
+    def to_dict(self) -> dict:
+        """Plain dict (floats may be inf or nan: `json.dumps` writes them as Infinity / NaN)."""
+        return asdict(self)
+
+
+def oracle_metrics(oracle, sequences: torch.Tensor, *, distribution: bool | None = None,
+                   reference: bool = True, seed: int = 0, mc_samples: int = 200_000) -> OracleMetrics:
+    """Score decoded sequences against an oracle.
+
+    Args:
+        oracle: a `PermutationOracle` or `HMMOracle` (anything with `gen_length`, `num_symbols`,
+            `log_prob`, `is_valid`, `sample`, `enumerate_joint`, `expected_log_prob`).
+        sequences: `[N, P + n]` outputs of `dlm.generate` (or `[N, n]`); the last n columns count.
+        distribution: compute TV / KL / chi-square (default: when the support has at most
+            `MAX_DISTRIBUTION_CELLS` sequences).
+        reference: also compute TV / KL of `N` exact samples (seeded by `seed`), the floor that
+            finite sampling puts under the distances.
+        mc_samples: samples for E_true[log p] when it cannot be enumerated.
+    """
+    gen = _generation(oracle, sequences)
+    num = gen.shape[0]
+    if num == 0:
+        raise ValueError("no sequences to score")
+    log_p = oracle.log_prob(gen).cpu()
+    valid = torch.isfinite(log_p)
+    mean_lp = float(log_p[valid].mean()) if bool(valid.any()) else float("nan")
+    expected, exact = oracle.expected_log_prob(num_samples=mc_samples, seed=seed)
+    metrics = OracleMetrics(
+        num_samples=num, valid_fraction=float(valid.double().mean()), mean_log_prob=mean_lp,
+        expected_log_prob=expected, expected_log_prob_exact=exact, log_prob_gap=expected - mean_lp)
+    cells = _support_size(oracle)
+    if distribution is None:
+        distribution = cells <= MAX_DISTRIBUTION_CELLS
+    if distribution:
+        metrics.num_cells = cells
+        metrics.total_variation, metrics.kl_empirical_to_true = distribution_distances(oracle, gen)
+        metrics.chi2_pvalue = chi_square_test(oracle, gen).pvalue
+        if reference:
+            g = torch.Generator().manual_seed(seed)
+            exact_samples = oracle.sample(num, g).cpu()
+            metrics.reference_total_variation, metrics.reference_kl = distribution_distances(oracle, exact_samples)
+    return metrics
+
+
+@dataclass
+class OracleRun:
+    """One decoding run of an oracle suite: `metrics` plus the driver's cost numbers."""
+
+    metrics: OracleMetrics
+    nfe: int
+    tpf: float
+    seconds: float
+    settings: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"nfe": self.nfe, "tpf": self.tpf, "seconds": self.seconds, **self.settings,
+                **self.metrics.to_dict()}
+
+
+@dataclass(frozen=True)
+class OracleTask:
+    """A benchmark suite on one oracle language.
+
+    Attributes:
+        name: registry name ("oracle-permutation", "oracle-hmm").
+        description: one line for listings.
+        factory: builds the oracle model (cheap, deterministic).
+        num_samples: default number of sequences to decode (one batched `dlm.generate` call).
+        prompt_length: BOS tokens before the generation.
+    """
+
+    name: str
+    description: str
+    factory: Callable[[], torch.nn.Module]
+    num_samples: int = 4096
+    prompt_length: int = 1
+
+    def build(self) -> torch.nn.Module:
+        return self.factory()
+
+    def prompts(self, oracle, num_samples: int | None = None, device=None) -> torch.Tensor:
+        """`[num_samples, prompt_length]` BOS prompts."""
+        return oracle.prompt(num_samples or self.num_samples, self.prompt_length, device=device)
+
+    def generate_kwargs(self, oracle) -> dict:
+        """Arguments `dlm.generate` needs for this oracle: `gen_length` must equal the sentence length."""
+        return {"gen_length": oracle.gen_length, "mask_token_id": oracle.config.mask_token_id}
+
+    def evaluate(self, oracle, sequences: torch.Tensor, **kwargs) -> OracleMetrics:
+        """`oracle_metrics` of decoded `[N, P + n]` sequences."""
+        return oracle_metrics(oracle, sequences, **kwargs)
+
+    def run(self, *, sampler="random", steps: int | None = None, block_length: int | None = None,
+            temperature: float = 1.0, num_samples: int | None = None, seed: int = 0,
+            **generate_kwargs) -> OracleRun:
+        """Decode `num_samples` sequences in one batched call and score them.
+
+        `steps` defaults to one token per step. Temperature defaults to 1: the oracle's joint is the
+        target, so other temperatures measure a different (sharpened) distribution.
+        """
+        import dlm
+
+        oracle = self.build()
+        n = oracle.gen_length
+        g = torch.Generator().manual_seed(seed)
+        out = dlm.generate(oracle, self.prompts(oracle, num_samples), **self.generate_kwargs(oracle),
+                           block_length=block_length, steps=steps if steps is not None else n,
+                           sampler=sampler, temperature=temperature, generator=g, **generate_kwargs)
+        settings = {"suite": self.name, "sampler": sampler if isinstance(sampler, str) else sampler.name,
+                    "steps": steps if steps is not None else n, "block_length": block_length or n,
+                    "temperature": temperature, "seed": seed}
+        return OracleRun(self.evaluate(oracle, out.sequences, seed=seed), out.nfe, out.tpf, out.seconds, settings)
+
+
+ORACLE_SUITES: dict[str, OracleTask] = {
+    "oracle-permutation": OracleTask(
+        "oracle-permutation",
+        "uniform permutations of 8 symbols: validity collapses when tokens are committed in parallel",
+        lambda: PermutationOracle(8)),
+    "oracle-hmm": OracleTask(
+        "oracle-hmm",
+        "hidden-Markov language (4 states, 3 symbols, length 8, Dirichlet(0.3) parameters, seed 0)",
+        lambda: HMMOracle.random(4, 3, 8, seed=0, concentration=0.3)),
+}
+ORACLE_SUITE_NAMES = tuple(ORACLE_SUITES)
+
+
+def get_oracle_suite(name: str) -> OracleTask:
+    """An oracle suite by name; ValueError lists the valid names."""
+    try:
+        return ORACLE_SUITES[name]
+    except KeyError:
+        raise ValueError(f"unknown oracle suite {name!r}; valid: {', '.join(ORACLE_SUITE_NAMES)}") from None
+
+
+__all__ = ["OracleTask", "OracleRun", "OracleMetrics", "ChiSquareResult", "CellCounts",
+           "ORACLE_SUITES", "ORACLE_SUITE_NAMES", "get_oracle_suite", "oracle_metrics",
+           "chi_square_test", "distribution_distances", "cell_counts", "merge_small_cells",
+           "MAX_DISTRIBUTION_CELLS"]
