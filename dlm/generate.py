@@ -254,6 +254,9 @@ def generate(
                 break
             last = step == budget - 1
             logits, was_full = forward(x_rows, step, start, end)
+            # The mask token is never a valid answer; an untrained or off-distribution model may
+            # still rank it first, which would "commit" a mask.
+            logits[..., mask_id] = float("-inf")
             nfe, used = nfe + 1, used + 1
             ctx = StepContext(
                 x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, budget - step),
@@ -288,6 +291,8 @@ def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, la
 
     - rows that had no candidates do not change;
     - a sampler that does not declare `remasks` never changes a committed token;
+    - every step makes progress: a row whose mask count did not drop gets its most confident
+      candidate committed;
     - on the block's last step every remaining mask is filled with the sampler's proposal, so the
       budget is honoured even by a sampler that commits too little.
     """
@@ -298,6 +303,12 @@ def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, la
     new = torch.where(row_active, new, block_x)
     if not remasks:
         new = torch.where(candidates, new, block_x)
+    stalled = row_active.squeeze(1) & ((new == mask_id).sum(dim=1) >= masks_left)
+    if bool(stalled.any()):
+        still = candidates & (new == mask_id)
+        score = torch.where(still, result.confidence.double(), torch.full_like(result.confidence, -1.0, dtype=torch.float64))
+        best = torch.zeros_like(still).scatter_(1, score.argmax(dim=1, keepdim=True), True) & still
+        new = torch.where(best & stalled.unsqueeze(1), result.proposal, new)
     if last:
         new = torch.where(new == mask_id, result.proposal, new)
     return new
