@@ -52,12 +52,16 @@ class MixtureMetrics:
             ``coverage_threshold`` times the mode's weight.
         sliced_wasserstein: sliced 2-Wasserstein distance to fresh true samples (lower is better).
         num_samples: number of samples scored.
+        log_density_gap: ``|mean_log_density - E_data[log p]|``. A sampler that collapses samples
+            onto the mode centres *raises* the mean log-density above the truth's, so the distance to
+            the truth is this gap, not the raw value.
     """
 
     mean_log_density: float
     mode_coverage: float
     sliced_wasserstein: float
     num_samples: int
+    log_density_gap: float = float("nan")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -173,15 +177,15 @@ class GaussianMixtureOracle(ModelMixin, ConfigMixin):
         s = torch.as_tensor(s, dtype=torch.float64, device=dev).reshape(-1, 1)
         mu, var, logw = self._t("mu", dev), self._t("var", dev), self._t("logw", dev)
         v = a**2 * var[None, :] + s**2  # [B, K]
-        am = a[:, :, None] * mu[None]  # [B or 1, K, D]
-        d2 = ((xf[:, None, :] - am) ** 2).sum(-1)  # [B, K]
-        logp = logw[None] - 0.5 * d2 / v - 0.5 * self._dim * torch.log(2 * math.pi * v)
+        logp = logw[None] - 0.5 * self._sqdist(xf, a, mu) / v - 0.5 * self._dim * torch.log(2 * math.pi * v)
         log_r = logp - torch.logsumexp(logp, dim=1, keepdim=True)
         r = log_r.exp()
-        diff = xf[:, None, :] - am  # [B, K, D]
-        score = -(r[:, :, None] * diff / v[:, :, None]).sum(1)
-        gain = (a * var[None, :] / v)[:, :, None]  # [B, K, 1]
-        x0_hat = (r[:, :, None] * (mu[None] + gain * diff)).sum(1)
+        # Sums over modes written as [B, K] @ [K, D] products (no [B, K, D] temporaries):
+        # score = -sum_k r_k (x - a mu_k) / v_k;  x0 = sum_k r_k (mu_k + g_k (x - a mu_k)), g_k = a s_k^2 / v_k.
+        rv = r / v
+        score = -rv.sum(1, keepdim=True) * xf + a * (rv @ mu)
+        g = a * var[None, :] / v
+        x0_hat = (r * (1 - g * a)) @ mu + (r * g).sum(1, keepdim=True) * xf
         return log_r, x0_hat, score
 
     def log_prob(self, x: torch.Tensor, a=1.0, s=0.0) -> torch.Tensor:
@@ -192,9 +196,14 @@ class GaussianMixtureOracle(ModelMixin, ConfigMixin):
         s = torch.as_tensor(s, dtype=torch.float64, device=dev).reshape(-1, 1)
         mu, var, logw = self._t("mu", dev), self._t("var", dev), self._t("logw", dev)
         v = a**2 * var[None, :] + s**2
-        d2 = ((xf[:, None, :] - a[:, :, None] * mu[None]) ** 2).sum(-1)
-        logp = logw[None] - 0.5 * d2 / v - 0.5 * self._dim * torch.log(2 * math.pi * v)
+        logp = logw[None] - 0.5 * self._sqdist(xf, a, mu) / v - 0.5 * self._dim * torch.log(2 * math.pi * v)
         return torch.logsumexp(logp, dim=1)
+
+    @staticmethod
+    def _sqdist(xf: torch.Tensor, a: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+        """``||x_b - a_b mu_k||^2`` ``[B, K]``; expanded, clamped at 0 against cancellation."""
+        d2 = (xf**2).sum(1, keepdim=True) - 2 * a * (xf @ mu.T) + a**2 * (mu**2).sum(1)[None]
+        return d2.clamp_min(0.0)
 
     def alpha_bar(self, timestep, batch: int, device) -> torch.Tensor:
         """``alpha_bar`` ``[B]`` (float64) at (possibly fractional) training timesteps."""
@@ -287,7 +296,7 @@ class GaussianMixtureOracle(ModelMixin, ConfigMixin):
         """
         x = samples.reshape(samples.shape[0], -1).double().cpu()
         if not torch.isfinite(x).all():
-            return MixtureMetrics(float("-inf"), 0.0, float("inf"), x.shape[0])
+            return MixtureMetrics(float("-inf"), 0.0, float("inf"), x.shape[0], float("inf"))
         N = x.shape[0]
         mld = self.log_prob(x).mean().item()
         counts = torch.bincount(self.assign_modes(x), minlength=self.num_modes).double() / N
@@ -296,7 +305,14 @@ class GaussianMixtureOracle(ModelMixin, ConfigMixin):
         g = torch.Generator().manual_seed(seed)
         ref = self.sample(N, generator=g) if reference is None else reference
         sw = sliced_wasserstein(x, ref.reshape(ref.shape[0], -1).double().cpu(), num_projections, g)
-        return MixtureMetrics(mld, coverage, sw, N)
+        return MixtureMetrics(mld, coverage, sw, N, abs(mld - self.expected_log_density()))
+
+    def expected_log_density(self, num_samples: int = 100_000) -> float:
+        """``E_data[log p(x)]`` (minus the entropy) by Monte Carlo with a fixed seed; cached."""
+        if "expected_logp" not in self._tables:
+            x = self.sample(num_samples, generator=torch.Generator().manual_seed(12345))
+            self._tables["expected_logp"] = torch.tensor(self.log_prob(x).mean().item())
+        return float(self._tables["expected_logp"])
 
     def reference_metrics(self, num_samples: int, seed: int = 1, **kw) -> MixtureMetrics:
         """Metrics of an exact sample set of the same size: the floor any sampler can reach."""
