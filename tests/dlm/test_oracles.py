@@ -91,6 +91,14 @@ def test_permutation_log_prob_validity_and_samples():
     assert chi_square_test(oracle, samples).pvalue > P_ACCEPT
 
 
+def test_longer_prompt_and_guidance_do_not_change_the_oracle():
+    oracle = PermutationOracle(4)
+    prompt = oracle.prompt(500, prompt_length=3)
+    out = dlm.generate(oracle, prompt, gen_length=4, steps=4, sampler="random", temperature=1.0,
+                       cfg_scale=1.5, generator=torch.Generator().manual_seed(0))
+    assert (out.sequences[:, :3] == prompt).all() and oracle.is_valid(out.sequences).all()
+
+
 def test_oracle_refuses_a_wrong_generation_length():
     oracle = PermutationOracle(4)
     with pytest.raises(ValueError, match="gen_length=4"):
