@@ -303,12 +303,12 @@ def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, la
     new = torch.where(row_active, new, block_x)
     if not remasks:
         new = torch.where(candidates, new, block_x)
+    # Computed unconditionally (no host sync): a no-op for rows that progressed.
     stalled = row_active.squeeze(1) & ((new == mask_id).sum(dim=1) >= masks_left)
-    if bool(stalled.any()):
-        still = candidates & (new == mask_id)
-        score = torch.where(still, result.confidence.double(), torch.full_like(result.confidence, -1.0, dtype=torch.float64))
-        best = torch.zeros_like(still).scatter_(1, score.argmax(dim=1, keepdim=True), True) & still
-        new = torch.where(best & stalled.unsqueeze(1), result.proposal, new)
+    still = candidates & (new == mask_id)
+    score = torch.where(still, result.confidence.double(), torch.full_like(result.confidence, -1.0, dtype=torch.float64))
+    best = torch.zeros_like(still).scatter_(1, score.argmax(dim=1, keepdim=True), True) & still
+    new = torch.where(best & stalled.unsqueeze(1), result.proposal, new)
     if last:
         new = torch.where(new == mask_id, result.proposal, new)
     return new

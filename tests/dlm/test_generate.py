@@ -126,3 +126,21 @@ def test_trace_and_callback_see_every_step():
     out = dlm.generate(ToyDLM(), PROMPT, gen_length=16, block_length=8, steps=8, callback=seen.append, return_trace=True)
     assert len(seen) == len(out.trace) == out.nfe
     assert sum(int(r.committed.sum()) for r in seen) == 16
+
+
+class LazySampler(__import__("samplers").Sampler):
+    """Commits nothing and remasks everything: the driver must still honour its guarantees."""
+
+    name = "lazy-test"
+    remasks = True
+
+    def step(self, logits, ctx):
+        from samplers._common import propose
+        proposal, confidence, _ = propose(logits, ctx)
+        return __import__("samplers").StepResult(torch.full_like(ctx.x, ctx.mask_token_id), proposal, confidence)
+
+
+def test_driver_forces_progress_and_fills_on_the_last_step():
+    out = dlm.generate(ToyDLM(), PROMPT, gen_length=16, block_length=8, steps=4, sampler=LazySampler(), return_trace=True)
+    assert out.nfe == 4 and not (out.sequences == ToyDLM().config.mask_token_id).any()
+    assert [int(r.committed) for r in out.trace] == [1, 7, 1, 7]  # one forced commit, then the last-step fill
