@@ -1,0 +1,19 @@
+"""Quality-vs-steps benchmark of dLLM samplers, with diffusers' LLaDA2Pipeline as the field's baseline.
+
+    from dlm.bench import BenchConfig, run_bench, write_all, format_table
+    result = run_bench(BenchConfig(suite="list_edits", samplers=["confidence", "diffusers-llada2"], steps=[16, 64]))
+    print(format_table(result)); write_all(result, "runs/bench-list_edits")
+
+CLI: `dlm bench --model tiny-dlm --suite list_edits --samplers confidence,threshold --steps 8,16,32,64`.
+"""
+from dlm.bench.diffusers_llada2 import BASELINES, DiffusersModelWrapper, DiffusersTokenizerWrapper, build_pipeline, run_llada2
+from dlm.bench.harness import (BenchConfig, BenchResult, PairResult, SamplerSpec, load_model, parse_sampler_specs,
+                               parse_steps, resolve_suite, run_bench, summarize_targets)
+from dlm.bench.report import format_table, plot_results, write_all, write_csv, write_json
+
+__all__ = [
+    "BASELINES", "BenchConfig", "BenchResult", "DiffusersModelWrapper", "DiffusersTokenizerWrapper", "PairResult",
+    "SamplerSpec", "build_pipeline", "format_table", "load_model", "parse_sampler_specs", "parse_steps",
+    "plot_results", "resolve_suite", "run_bench", "run_llada2", "summarize_targets", "write_all", "write_csv",
+    "write_json",
+]

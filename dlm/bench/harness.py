@@ -1,0 +1,570 @@
+"""Quality-vs-steps benchmark: every (sampler, budget) pair on the same prompts.
+
+    from dlm.bench import BenchConfig, run_bench
+    result = run_bench(BenchConfig(model="tiny-dlm", suite="list_edits", samplers=["confidence", "threshold"],
+                                   steps=[8, 16, 32, 64], limit=16))
+
+Definitions (also in docs/benchmarks.md):
+- quality: mean task score over the prompts, in percent (0-100); `quality_by_task` per task.
+- nfe: forward passes per sequence, averaged over prompts: the number of model calls whose batch
+  contained that prompt's row (our engine drops rows that finished at an EOS; diffusers' pipeline
+  keeps every row in every call). `nfe_per_call`: forward passes per batched call, averaged over
+  the batches (a batched forward counts once).
+- tpf: tokens per forward, `prompts * gen_length / sum of per-sequence NFE`.
+- seconds: wall time of all batches of the pair; a warm-up call per engine runs first and is excluded.
+  tokens_per_s: `prompts * gen_length / seconds`.
+- peak_mem_mb: on CUDA, `torch.cuda.max_memory_allocated` above the level before the pair; on CPU,
+  the peak resident set size sampled every 5 ms by a thread reading /proc/self/statm, above the RSS
+  before the pair (`mem_method` says which).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from dlm.bench.diffusers_llada2 import BASELINES, build_pipeline, run_llada2
+
+KV_MODES = ("none", "prefix", "dual")
+
+
+# ----------------------------------------------------------------------------- sampler specs
+@dataclass(frozen=True)
+class SamplerSpec:
+    """One entry of `--samplers`: `name[:key=value[:key=value...]]`.
+
+    `kv=none|prefix|dual` picks the KV cache for this entry (else the run's `--kv-cache`); other
+    keys override the sampler's config (`threshold:tau=0.7`) or, for the diffusers baselines, the
+    pipeline's keywords (`diffusers-llada2:threshold=0.9`). `label` is the entry as written.
+    """
+
+    label: str
+    name: str
+    options: tuple = ()
+    kv_cache: str | None = None
+
+    @property
+    def is_diffusers(self) -> bool:
+        return self.name in BASELINES
+
+    @property
+    def option_dict(self) -> dict:
+        return dict(self.options)
+
+
+def _parse_value(text: str):
+    low = text.lower()
+    if low in ("none", "null"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
+    """Parse `a,b:key=v,c` into specs; ValueError names an unknown sampler or a malformed option."""
+    from samplers import available_samplers
+
+    entries = text if isinstance(text, list) else [t for t in text.split(",")]
+    entries = [e.strip() for e in entries if e.strip()]
+    if not entries:
+        raise ValueError("no samplers given; pass e.g. --samplers confidence,threshold")
+    known = list(available_samplers()) + list(BASELINES)
+    specs, seen = [], set()
+    for entry in entries:
+        name, *opts = entry.split(":")
+        if name not in known:
+            raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(known)}")
+        options, kv = [], None
+        for opt in opts:
+            if "=" not in opt:
+                raise ValueError(f"sampler option {opt!r} in {entry!r} must be key=value")
+            key, value = opt.split("=", 1)
+            if key == "kv":
+                if value not in KV_MODES:
+                    raise ValueError(f"kv={value!r} in {entry!r}: must be one of {', '.join(KV_MODES)}")
+                kv = value
+            else:
+                options.append((key, _parse_value(value)))
+        if entry in seen:
+            raise ValueError(f"sampler {entry!r} is listed twice")
+        seen.add(entry)
+        spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv)
+        if spec.is_diffusers and kv not in (None, "none"):
+            raise ValueError(f"{entry!r}: diffusers' LLaDA2Pipeline has no KV cache (drop kv=)")
+        if not spec.is_diffusers:
+            from samplers import get_sampler
+            get_sampler(name, **spec.option_dict)  # validates the config now, not mid-run
+        specs.append(spec)
+    return specs
+
+
+def parse_steps(text: str | list[int]) -> list[int]:
+    if isinstance(text, str):
+        try:
+            steps = [int(s) for s in text.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"--steps must be comma-separated integers, got {text!r}") from None
+    else:
+        steps = [int(s) for s in text]
+    if not steps or any(s <= 0 for s in steps):
+        raise ValueError(f"--steps needs positive integers, got {text!r}")
+    return sorted(set(steps))
+
+
+# ----------------------------------------------------------------------------- model and suite
+def load_model(name_or_path: str):
+    """`(model, tokenizer)` for a built-in name or a checkpoint path.
+
+    Uses `dlm.load` (the project's loader) when it exists, else the tiny model's own loader.
+    """
+    try:
+        from dlm.loading import load as project_load  # noqa: WPS433 - optional until it lands
+    except ImportError:
+        project_load = None
+    if project_load is not None:
+        try:
+            obj = project_load(name_or_path)
+        except (OSError, KeyError) as err:
+            raise ValueError(f"cannot load model {name_or_path!r}: {err}") from None
+        if isinstance(obj, tuple):
+            return obj[0], obj[1]
+        return obj.model, obj.tokenizer
+    from dlm.tiny import BUILTIN_MODELS, load_tiny_dlm
+
+    if name_or_path in BUILTIN_MODELS:
+        return load_tiny_dlm(BUILTIN_MODELS[name_or_path])
+    if Path(name_or_path).is_dir():
+        return load_tiny_dlm(name_or_path)
+    raise ValueError(f"unknown model {name_or_path!r}; give a built-in name ({', '.join(BUILTIN_MODELS)}) "
+                     f"or a checkpoint directory")
+
+
+def resolve_suite(spec: str, extractor: str | None = None) -> list:
+    """Tasks of a suite name, a task name, an oracle suite or `jsonl:PATH`."""
+    if spec.startswith("jsonl:"):
+        from dlm.tasks.jsonl import load_jsonl_task
+        return [load_jsonl_task(spec[len("jsonl:"):], extractor=extractor or "exact")]
+    if extractor is not None:
+        raise ValueError("--extractor applies to jsonl:PATH suites only")
+    from dlm.tasks import get_suite
+
+    names = [spec, spec.replace("-", "_")]
+    errors = []
+    for name in dict.fromkeys(names):
+        try:
+            return get_suite(name)
+        except ValueError as err:
+            errors.append(err)
+    raise errors[0]
+
+
+def collect_examples(tasks: list, limit: int | None, seed: int) -> list:
+    """The first `limit` test examples of every task (all of a JSONL file's lines when None)."""
+    out = []
+    for task in tasks:
+        n = limit if limit is not None else getattr(task, "default_limit", 50)
+        out.extend(task.examples("test", n=n, seed=seed))
+    if not out:
+        raise ValueError("no examples to run: the suite is empty or --limit is 0")
+    return out
+
+
+# ----------------------------------------------------------------------------- measurement helpers
+class PeakMemory:
+    """Peak memory above the starting level during a `with` block, in MiB (see module docstring)."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.peak_mb: float | None = None
+        self.method = "cuda_max_memory_allocated" if self.device.type == "cuda" else "rss_peak_sampled_5ms"
+
+    @staticmethod
+    def _rss() -> int | None:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return self
+        self._base = self._rss()
+        self._max = self._base
+        self._stop = threading.Event()
+        if self._base is not None:
+            def poll():
+                while not self._stop.wait(0.005):
+                    rss = self._rss()
+                    if rss is not None and rss > self._max:
+                        self._max = rss
+            self._thread = threading.Thread(target=poll, daemon=True)
+            self._thread.start()
+        else:
+            self.method = "unavailable"
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_mb = (torch.cuda.max_memory_allocated(self.device) - self._base) / 2**20
+            return False
+        if self._base is None:
+            return False
+        self._stop.set()
+        self._thread.join()
+        rss = self._rss()
+        self._max = max(self._max, rss or 0)
+        self.peak_mb = (self._max - self._base) / 2**20
+        return False
+
+
+def _cut_at_eos(ids: list[int], eos_id: int | None) -> list[int]:
+    if eos_id is not None and eos_id in ids:
+        return ids[: ids.index(eos_id)]
+    return ids
+
+
+def _batches(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i: i + size]
+
+
+def _encode_batch(tokenizer, texts: list[str], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ids = [list(tokenizer.encode(t, add_special_tokens=False)) if _accepts_special(tokenizer) else list(tokenizer.encode(t))
+           for t in texts]
+    if any(len(i) == 0 for i in ids):
+        raise ValueError("a prompt encodes to zero tokens")
+    n = max(len(i) for i in ids)
+    input_ids = torch.tensor([[pad_id] * (n - len(i)) + i for i in ids], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (n - len(i)) + [1] * len(i) for i in ids], dtype=torch.long, device=device)
+    return input_ids, mask
+
+
+def _accepts_special(tokenizer) -> bool:
+    import inspect
+    try:
+        return "add_special_tokens" in inspect.signature(tokenizer.encode).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# ----------------------------------------------------------------------------- config and results
+@dataclass
+class BenchConfig:
+    """One benchmark run.
+
+    `limit`: prompts per task (None: 50 per generated task, every line of a JSONL file, the suite's
+    `num_samples` for an oracle suite). `temperature`: None means 0 (greedy) for task suites and 1
+    for oracle suites, whose reference is exact sampling of the oracle's joint.
+    """
+
+    model: str = "tiny-dlm"
+    suite: str = "list_edits"
+    samplers: list = field(default_factory=lambda: ["confidence", "threshold"])
+    steps: list = field(default_factory=lambda: [8, 16, 32, 64])
+    limit: int | None = None
+    gen_length: int = 64
+    block_length: int = 32
+    kv_cache: str = "none"
+    batch_size: int = 16
+    seed: int = 0
+    temperature: float | None = None
+    eos_early_stop: bool = True
+    extractor: str | None = None
+    device: str = "cpu"
+    warmup: bool = True
+
+    def validate(self) -> None:
+        if self.gen_length <= 0 or self.block_length <= 0 or self.gen_length % self.block_length:
+            raise ValueError(f"--gen-length ({self.gen_length}) must be a positive multiple of --block-length ({self.block_length})")
+        if self.kv_cache not in KV_MODES:
+            raise ValueError(f"--kv-cache must be one of {', '.join(KV_MODES)}, got {self.kv_cache!r}")
+        if self.batch_size <= 0:
+            raise ValueError(f"--batch-size must be positive, got {self.batch_size}")
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"--limit must be >= 0, got {self.limit}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        num_blocks = self.gen_length // self.block_length
+        small = [s for s in parse_steps(self.steps) if s < num_blocks]
+        if small:
+            raise ValueError(f"--steps {small} below the number of blocks ({num_blocks}): each block needs at least one step")
+
+
+@dataclass
+class PairResult:
+    """Metrics of one (sampler, budget) pair over all prompts; see the module docstring."""
+
+    sampler: str
+    budget: int
+    engine: str
+    kv_cache: str
+    n: int
+    quality: float
+    quality_by_task: dict
+    nfe: float
+    nfe_per_call: float
+    tpf: float
+    tokens_per_s: float
+    seconds: float
+    forward_tokens: int
+    peak_mem_mb: float | None
+    mem_method: str
+    extra: dict = field(default_factory=dict)
+    samples: list = field(default_factory=list)
+
+
+@dataclass
+class BenchResult:
+    config: dict
+    meta: dict
+    pairs: list
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "meta": self.meta, "pairs": [asdict(p) for p in self.pairs]}
+
+
+# ----------------------------------------------------------------------------- running
+class _Runner:
+    """Runs one sampler spec at one budget on one batch; knows both engines."""
+
+    def __init__(self, model, tokenizer, cfg: BenchConfig):
+        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        self._pipe = None
+        self.mask_id = getattr(tokenizer, "mask_token_id", None) or getattr(model.config, "mask_token_id", None)
+        self.eos_id = getattr(tokenizer, "eos_token_id", None)
+        if self.eos_id is None:
+            self.eos_id = getattr(model.config, "eos_token_id", None)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(model.config, "pad_token_id", None)
+        if pad is None or pad == self.mask_id:
+            pad = self.eos_id  # any id but the mask works under the attention mask
+        self.pad_id = pad
+
+    def pipe(self):
+        if self._pipe is None:
+            self._pipe = build_pipeline(self.model, self.tokenizer)
+        return self._pipe
+
+    def run(self, spec: SamplerSpec, budget: int, input_ids, attention_mask, generator) -> tuple[torch.Tensor, list[int], int, int, float]:
+        """Returns generated ids `[B, gen_length]`, per-row NFE, batch NFE, forward tokens, seconds."""
+        cfg = self.cfg
+        if spec.is_diffusers:
+            pipe, wrapper = self.pipe()
+            opts = dict(BASELINES[spec.name])
+            opts.setdefault("eos_early_stop", cfg.eos_early_stop)
+            opts.update(spec.option_dict)
+            out = run_llada2(pipe, wrapper, input_ids, attention_mask, gen_length=cfg.gen_length,
+                             block_length=cfg.block_length, steps=budget, temperature=cfg.temperature,
+                             generator=generator, options=opts)
+            return out.sequences, [out.nfe] * input_ids.shape[0], out.nfe, out.forward_tokens, out.seconds
+        import dlm
+
+        per_row = torch.zeros(input_ids.shape[0], dtype=torch.long)
+
+        def count(trace):
+            per_row[trace.rows.cpu()] += 1
+
+        out = dlm.generate(
+            self.model, input_ids, gen_length=cfg.gen_length, block_length=cfg.block_length, steps=budget,
+            sampler=spec.name, sampler_config=spec.option_dict or None, temperature=cfg.temperature,
+            mask_token_id=self.mask_id, eos_token_id=self.eos_id, attention_mask=attention_mask,
+            generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache, eos_early_stop=cfg.eos_early_stop,
+            callback=count)
+        gen = out.sequences[:, input_ids.shape[1]:]
+        return gen, per_row.tolist(), out.nfe, out.forward_tokens, out.seconds
+
+
+def _engine_key(spec: SamplerSpec, cfg: BenchConfig) -> str:
+    return "diffusers" if spec.is_diffusers else f"dlm/{spec.kv_cache or cfg.kv_cache}"
+
+
+def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=None) -> BenchResult:
+    """Run every (sampler, budget) pair of `cfg` on the same prompts; see the module docstring."""
+    cfg.validate()
+    specs = parse_sampler_specs(cfg.samplers)
+    budgets = parse_steps(cfg.steps)
+    oracle_suite = _oracle_suite(cfg.suite)
+    if oracle_suite is not None:
+        return _run_oracle(cfg, oracle_suite, specs, budgets, progress)
+    tasks = resolve_suite(cfg.suite, cfg.extractor)
+    examples = collect_examples(tasks, cfg.limit, cfg.seed)
+    if model is None:
+        model, tokenizer = load_model(cfg.model)
+    model.eval()
+    device = torch.device(cfg.device)
+    cfg = _with(cfg, temperature=0.0 if cfg.temperature is None else cfg.temperature)
+    runner = _Runner(model, tokenizer, cfg)
+    if runner.mask_id is None:
+        raise ValueError(f"model {cfg.model!r} has no mask token: it is not a masked diffusion LM")
+    task_of = {t.name: t for t in tasks}
+    batches = [(chunk, *_encode_batch(tokenizer, [ex.input_text for ex in chunk], runner.pad_id, device))
+               for chunk in _batches(examples, cfg.batch_size)]
+
+    if cfg.warmup:  # one untimed call per engine: first-call allocations and lazy imports
+        done = set()
+        for spec in specs:
+            key = _engine_key(spec, cfg)
+            if key not in done:
+                done.add(key)
+                _, ids, mask = batches[0]
+                runner.run(spec, budgets[0], ids[:2], mask[:2], torch.Generator().manual_seed(cfg.seed))
+
+    pairs: list[PairResult] = []
+    bar = tqdm(total=len(specs) * len(budgets) * len(batches), desc=f"bench {cfg.suite}", unit="batch",
+               disable=not progress, file=sys.stderr)
+    for spec in specs:
+        for budget in budgets:
+            bar.set_postfix_str(f"{spec.label} steps={budget}")
+            generator = torch.Generator().manual_seed(cfg.seed)
+            scores, by_task, per_seq_nfe, call_nfe = [], {}, [], []
+            seconds, forward_tokens, samples = 0.0, 0, []
+            with PeakMemory(device) as mem:
+                for chunk, ids, mask in batches:
+                    gen, row_nfe, nfe, ftok, sec = runner.run(spec, budget, ids, mask, generator)
+                    seconds += sec
+                    forward_tokens += ftok
+                    call_nfe.append(nfe)
+                    per_seq_nfe.extend(row_nfe)
+                    for ex, row in zip(chunk, gen.tolist()):
+                        text = tokenizer.decode(_cut_at_eos(row, runner.eos_id), skip_special_tokens=True)
+                        s = float(task_of[ex.task].score(ex, text))
+                        scores.append(s)
+                        by_task.setdefault(ex.task, []).append(s)
+                        if len(samples) < 3:
+                            samples.append({"prompt": ex.prompt, "output": text, "score": s})
+                    bar.update(1)
+            n = len(scores)
+            total_nfe = sum(per_seq_nfe)
+            pairs.append(PairResult(
+                sampler=spec.label, budget=budget, engine="diffusers" if spec.is_diffusers else "dlm",
+                kv_cache="none" if spec.is_diffusers else (spec.kv_cache or cfg.kv_cache), n=n,
+                quality=100.0 * sum(scores) / n,
+                quality_by_task={k: 100.0 * sum(v) / len(v) for k, v in by_task.items()},
+                nfe=total_nfe / n, nfe_per_call=sum(call_nfe) / len(call_nfe),
+                tpf=n * cfg.gen_length / max(total_nfe, 1), tokens_per_s=n * cfg.gen_length / max(seconds, 1e-9),
+                seconds=seconds, forward_tokens=forward_tokens, peak_mem_mb=mem.peak_mb, mem_method=mem.method,
+                samples=samples))
+    bar.close()
+    if not pairs:
+        raise ValueError("the benchmark produced no results")
+    meta = {
+        "suite_tasks": [t.name for t in tasks], "prompts": len(examples), "batches": len(batches),
+        "torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+        "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "model_parameters": sum(p.numel() for p in model.parameters()),
+        "definitions": "see dlm/bench/harness.py docstring and docs/benchmarks.md",
+    }
+    result = BenchResult(config=asdict(cfg), meta=meta, pairs=pairs)
+    result.meta["targets"] = summarize_targets(result)
+    return result
+
+
+def _with(cfg: BenchConfig, **changes) -> BenchConfig:
+    import dataclasses
+    return dataclasses.replace(cfg, **changes)
+
+
+def _oracle_suite(name: str):
+    try:
+        from dlm.tasks.oracle_tasks import ORACLE_SUITES
+    except ImportError:
+        return None
+    return ORACLE_SUITES.get(name)
+
+
+def _finite(value):
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list[int], progress: bool) -> BenchResult:
+    """Oracle suites: the model is the suite's exact oracle (`--model` is not used), all samples
+    decode in one batched call per pair, and quality is 100 x valid_fraction for the permutation
+    oracle, 100 x (1 - total variation to the exact joint) otherwise (all metrics under `extra`)."""
+    import dlm
+
+    bad = [s.label for s in specs if s.is_diffusers]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: diffusers' pipeline cannot run an oracle suite (its window "
+                         f"drops the masked future the oracle conditions on); use dlm samplers")
+    oracle = suite.build()
+    gen = oracle.gen_length
+    block = cfg.block_length if gen % cfg.block_length == 0 else gen
+    temperature = 1.0 if cfg.temperature is None else cfg.temperature
+    n = cfg.limit if cfg.limit is not None else suite.num_samples
+    if n <= 0:
+        raise ValueError("no examples to run: --limit is 0")
+    prompts = suite.prompts(oracle, n)
+    cfg = _with(cfg, gen_length=gen, block_length=block, temperature=temperature, model=suite.name, limit=n)
+    headline = "valid_fraction" if "permutation" in suite.name else "1 - total_variation"
+    pairs = []
+    bar = tqdm(total=len(specs) * len(budgets), desc=f"bench {suite.name}", unit="pair", disable=not progress, file=sys.stderr)
+    for spec in specs:
+        kv = spec.kv_cache or cfg.kv_cache
+        for budget in budgets:
+            g = torch.Generator().manual_seed(cfg.seed)
+            with PeakMemory(torch.device(cfg.device)) as mem:
+                out = dlm.generate(oracle, prompts, **suite.generate_kwargs(oracle), block_length=block, steps=budget,
+                                   sampler=spec.name, sampler_config=spec.option_dict or None, temperature=temperature,
+                                   generator=g, kv_cache=kv)
+            metrics = suite.evaluate(oracle, out.sequences, seed=cfg.seed).to_dict()
+            if headline == "valid_fraction" or metrics.get("total_variation") is None:
+                quality = 100.0 * metrics["valid_fraction"]
+            else:
+                quality = 100.0 * (1.0 - metrics["total_variation"])
+            pairs.append(PairResult(
+                sampler=spec.label, budget=budget, engine="dlm", kv_cache=kv, n=n, quality=quality,
+                quality_by_task={suite.name: quality}, nfe=float(out.nfe), nfe_per_call=float(out.nfe),
+                tpf=gen / max(out.nfe, 1), tokens_per_s=n * gen / max(out.seconds, 1e-9), seconds=out.seconds,
+                forward_tokens=out.forward_tokens, peak_mem_mb=mem.peak_mb, mem_method=mem.method,
+                extra={k: _finite(v) for k, v in metrics.items()}))
+            bar.update(1)
+    bar.close()
+    meta = {"suite_tasks": [suite.name], "prompts": n, "batches": 1, "oracle": True, "quality_metric": headline,
+            "torch": torch.__version__, "python": platform.python_version(), "device": cfg.device,
+            "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    result = BenchResult(config=asdict(cfg), meta=meta, pairs=pairs)
+    result.meta["targets"] = summarize_targets(result)
+    return result
+
+
+def summarize_targets(result: BenchResult, tolerance: float = 1.0) -> dict:
+    """Per sampler: its reference (the pair at budget = gen_length, else the largest budget) and the
+    smallest-NFE pair whose quality is within `tolerance` points of it, with that pair's TPF."""
+    gen_length = result.config["gen_length"]
+    out: dict[str, Any] = {}
+    by_sampler: dict[str, list] = {}
+    for p in result.pairs:
+        by_sampler.setdefault(p.sampler, []).append(p)
+    for name, ps in by_sampler.items():
+        ref = next((p for p in ps if p.budget == gen_length), max(ps, key=lambda p: p.budget))
+        ok = [p for p in ps if p.quality >= ref.quality - tolerance]
+        best = min(ok, key=lambda p: (p.nfe, p.seconds))
+        out[name] = {"reference_budget": ref.budget, "reference_quality": ref.quality, "reference_nfe": ref.nfe,
+                     "min_budget": best.budget, "min_nfe": best.nfe, "quality": best.quality, "tpf": best.tpf,
+                     "seconds": best.seconds}
+    return out

@@ -1,0 +1,142 @@
+"""Benchmark output: a text table, `results.json`, `results.csv` and the quality plots."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from dlm.bench.harness import BenchResult
+
+COLUMNS = (("sampler", "sampler", "{}"), ("budget", "steps", "{}"), ("quality", "quality%", "{:.1f}"),
+           ("nfe", "NFE/seq", "{:.1f}"), ("nfe_per_call", "NFE/call", "{:.1f}"), ("tpf", "TPF", "{:.2f}"),
+           ("tokens_per_s", "tok/s", "{:.0f}"), ("seconds", "seconds", "{:.2f}"), ("peak_mem_mb", "peakMB", "{:.0f}"))
+
+
+def _fmt(fmt: str, value) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _grid(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def format_table(result: BenchResult) -> str:
+    """The pairs as a fixed-width table, plus a per-task quality table for multi-task suites."""
+    pairs = result.pairs
+    rows = [[_fmt(fmt, getattr(p, key)) for key, _, fmt in COLUMNS] for p in pairs]
+    cfg = result.config
+    title = (f"suite {cfg['suite']} | model {cfg['model']} | {result.meta['prompts']} prompts | "
+             f"gen {cfg['gen_length']} block {cfg['block_length']} | batch {cfg['batch_size']}")
+    text = title + "\n" + _grid([h for _, h, _ in COLUMNS], rows)
+    tasks = result.meta.get("suite_tasks", [])
+    if len(tasks) > 1:
+        trows = [[f"{p.sampler}@{p.budget}"] + [_fmt("{:.0f}", p.quality_by_task.get(t)) for t in tasks] for p in pairs]
+        text += "\n\nquality% by task\n" + _grid(["sampler@steps"] + list(tasks), trows)
+    targets = result.meta.get("targets") or {}
+    if targets:
+        trows = [[name, f"{t['reference_quality']:.1f}@{t['reference_budget']}", str(t["min_budget"]),
+                  f"{t['min_nfe']:.1f}", f"{t['quality']:.1f}", f"{t['tpf']:.2f}"] for name, t in targets.items()]
+        text += "\n\nsmallest NFE within 1 point of the sampler's budget=gen_length run\n" + _grid(
+            ["sampler", "ref q@steps", "steps", "NFE/seq", "quality%", "TPF"], trows)
+    return text
+
+
+def write_json(result: BenchResult, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    return path
+
+
+def write_csv(result: BenchResult, path: Path) -> Path:
+    """One row per pair; per-task qualities as `quality[<task>]` columns."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tasks = result.meta.get("suite_tasks", [])
+    base = ["sampler", "budget", "engine", "kv_cache", "n", "quality", "nfe", "nfe_per_call", "tpf",
+            "tokens_per_s", "seconds", "forward_tokens", "peak_mem_mb", "mem_method"]
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(base + [f"quality[{t}]" for t in tasks])
+        for p in result.pairs:
+            w.writerow([getattr(p, k) for k in base] + [p.quality_by_task.get(t) for t in tasks])
+    return path
+
+
+def _lines(result: BenchResult):
+    by: dict[str, list] = {}
+    for p in result.pairs:
+        by.setdefault(p.sampler, []).append(p)
+    return {k: sorted(v, key=lambda p: p.budget) for k, v in by.items()}
+
+
+def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
+    """`quality_vs_nfe.png` (log2 NFE), `quality_vs_seconds.png` (log seconds) and, for multi-task
+    suites, `quality_vs_tpf_by_task.png` (one panel per task: the ParallelBench view)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = _lines(result)
+    cfg = result.config
+    subtitle = f"{cfg['suite']} | {cfg['model']} | {result.meta['prompts']} prompts | gen {cfg['gen_length']}, block {cfg['block_length']}"
+    paths = []
+    for key, xlabel, fname, base in (("nfe", "forward passes per sequence (NFE, log2)", "quality_vs_nfe.png", 2),
+                                     ("seconds", "wall time for all prompts, s (log)", "quality_vs_seconds.png", 10)):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, ps in lines.items():
+            style = "--" if ps[0].engine == "diffusers" else "-"
+            ax.plot([getattr(p, key) for p in ps], [p.quality for p in ps], style, marker="o", label=name)
+            if key == "nfe":
+                for p in ps:
+                    ax.annotate(str(p.budget), (p.nfe, p.quality), textcoords="offset points", xytext=(3, 3), fontsize=7, alpha=0.6)
+        ax.set_xscale("log", base=base)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("quality (% correct)")
+        ax.set_ylim(-2, 102)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(f"quality vs {'NFE' if key == 'nfe' else 'wall time'}\n{subtitle}", fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    tasks = result.meta.get("suite_tasks", [])
+    if len(tasks) > 1:
+        cols = min(3, len(tasks))
+        rows = (len(tasks) + cols - 1) // cols
+        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False, sharey=True)
+        for ax, task in zip(axes.flat, tasks):
+            for name, ps in lines.items():
+                ax.plot([p.tpf for p in ps], [p.quality_by_task.get(task, float("nan")) for p in ps],
+                        "--" if ps[0].engine == "diffusers" else "-", marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_title(task, fontsize=9)
+            ax.set_xlabel("tokens per forward (log2)", fontsize=8)
+            ax.set_ylim(-2, 102)
+            ax.grid(True, alpha=0.3)
+        for ax in list(axes.flat)[len(tasks):]:
+            ax.axis("off")
+        axes.flat[0].legend(fontsize=7)
+        fig.suptitle(f"quality vs tokens per forward, by task\n{subtitle}", fontsize=9)
+        fig.tight_layout()
+        path = out_dir / "quality_vs_tpf_by_task.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_all(result: BenchResult, out_dir: Path) -> dict:
+    """Write results.json, results.csv and the plots; returns {kind: path}."""
+    out_dir = Path(out_dir)
+    files = {"json": write_json(result, out_dir / "results.json"), "csv": write_csv(result, out_dir / "results.csv")}
+    for p in plot_results(result, out_dir):
+        files[p.stem] = p
+    return {k: str(v) for k, v in files.items()}

@@ -1,0 +1,91 @@
+"""`dlm bench`: quality vs forward passes for several samplers on one suite, diffusers' pipeline beside them."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dlm.commands._common import positive_int
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="quality vs NFE / wall time for samplers on a task suite",
+        description="Run every (sampler, step budget) pair on the same prompts and report quality, NFE, tokens "
+                    "per forward, tokens/s, seconds and peak memory; write results.json, results.csv and plots.")
+    p.add_argument("--model", default="tiny-dlm", help="built-in name or checkpoint path (default: tiny-dlm)")
+    p.add_argument("--suite", default="list_edits",
+                   help="task suite (list_edits, arithmetic, puzzles, all), a task name (copy, shuffle, ...), "
+                        "an oracle suite (oracle-permutation, oracle-hmm) or jsonl:PATH (default: list_edits)")
+    p.add_argument("--samplers", default="confidence,threshold",
+                   help="comma-separated entries name[:key=value...]; kv=none|prefix|dual picks the cache per entry; "
+                        "diffusers-llada2 and diffusers-llada2-thr run diffusers' LLaDA2Pipeline (default: confidence,threshold)")
+    p.add_argument("--steps", default="8,16,32,64", help="comma-separated forward-pass budgets (default: 8,16,32,64)")
+    p.add_argument("--limit", type=_limit, default=None,
+                   help="prompts per task (default: 50 per task, every JSONL line, 4096 oracle samples)")
+    p.add_argument("--out", default=None, help="output directory (default: runs/bench-<suite>)")
+    p.add_argument("--gen-length", type=positive_int, default=64, help="tokens to generate (default: 64)")
+    p.add_argument("--block-length", type=positive_int, default=32, help="block size (default: 32)")
+    p.add_argument("--kv-cache", choices=("none", "prefix", "dual"), default="none",
+                   help="KV cache for entries without kv= (default: none)")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per batched call (default: 16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling (default: 0)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default: 0 for task suites, 1 for oracle suites)")
+    p.add_argument("--extractor", default=None,
+                   help="answer extractor for jsonl: suites (boxed, hash, last-number, exact, first-line, contains)")
+    p.add_argument("--no-eos-stop", action="store_true",
+                   help="decode every block even after a row has emitted EOS (default: stop such rows, in both engines)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--json", action="store_true", help="print the JSON summary on stdout (the table goes to stderr)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from dlm.bench import BenchConfig, format_table, parse_sampler_specs, parse_steps, run_bench
+    from dlm.bench.report import plot_results, write_csv, write_json
+
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    # Fail on spelling mistakes before any model loads.
+    specs = parse_sampler_specs(args.samplers)
+    steps = parse_steps(args.steps)
+    cfg = BenchConfig(model=args.model, suite=args.suite, samplers=[s.label for s in specs], steps=steps,
+                      limit=args.limit, gen_length=args.gen_length, block_length=args.block_length,
+                      kv_cache=args.kv_cache, batch_size=args.batch_size, seed=args.seed, temperature=args.temperature,
+                      eos_early_stop=not args.no_eos_stop, extractor=args.extractor, device=args.device)
+    result = run_bench(cfg, progress=True)
+    stem = Path(args.suite).stem if args.suite.startswith("jsonl:") else args.suite
+    safe_suite = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "suite"
+    out_dir = Path(args.out) if args.out else Path("runs") / f"bench-{safe_suite}"
+    files = {"json": str(write_json(result, out_dir / "results.json")), "csv": str(write_csv(result, out_dir / "results.csv"))}
+    if not args.no_plots:
+        for path in plot_results(result, out_dir):
+            files[path.stem] = str(path)
+    table = format_table(result)
+    if args.json:
+        print(table, file=sys.stderr)
+        summary = {"suite": args.suite, "model": result.config["model"], "out": str(out_dir), "files": files,
+                   "pairs": [{k: getattr(p, k) for k in ("sampler", "budget", "engine", "kv_cache", "n", "quality",
+                                                         "nfe", "nfe_per_call", "tpf", "tokens_per_s", "seconds",
+                                                         "peak_mem_mb", "quality_by_task")} for p in result.pairs],
+                   "targets": result.meta.get("targets", {})}
+        print(json.dumps(summary))
+    else:
+        print(table)
+        print(f"\nwrote {', '.join(files.values())}", file=sys.stderr)
+    return 0
