@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = [
     "dlm.commands.sample",
     "dlm.commands.models",
+    "dlm.commands.bench",
 ]
 
 
