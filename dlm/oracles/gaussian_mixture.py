@@ -134,7 +134,8 @@ class GaussianMixtureOracle(ModelMixin, ConfigMixin):
         if prediction_type not in ORACLE_PREDICTION_TYPES:
             raise ValueError(f"prediction_type={prediction_type!r}; use one of {ORACLE_PREDICTION_TYPES}")
         # float64 tables live outside the buffer list so module.to(dtype) cannot round them; only the
-        # anchor below is a buffer: it gives the model its dtype/device (what pipelines read).
+        # anchor below is a buffer: it gives the model its dtype/device (what pipelines read) and a
+        # state dict, so save_pretrained/from_pretrained round-trip (everything else is config).
         self._tables = {
             "mu": mu,
             "var": sd**2,
@@ -143,7 +144,7 @@ class GaussianMixtureOracle(ModelMixin, ConfigMixin):
                 num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
             ).double(),
         }
-        self.register_buffer("dtype_anchor", torch.zeros((), dtype=torch.float32), persistent=False)
+        self.register_buffer("dtype_anchor", torch.zeros((), dtype=torch.float32))
         self._shape = shape
         self._dim = D
         # Image pipelines (DDPMPipeline, DDIMPipeline) read unet.config.sample_size / in_channels.
@@ -287,12 +288,14 @@ class GaussianMixtureOracle(ModelMixin, ConfigMixin):
         seed: int = 0,
         reference: Optional[torch.Tensor] = None,
         coverage_threshold: float = 0.5,
+        reference_size: int = 50_000,
     ) -> MixtureMetrics:
         """Score ``samples`` ``[N, *sample_shape]`` against the truth; see :class:`MixtureMetrics`.
 
-        The reference set for the sliced Wasserstein distance is ``N`` fresh true samples drawn from
-        ``seed`` unless ``reference`` is given; projections are drawn from ``seed`` too, so two calls
-        with the same seed compare sample sets on identical footing.
+        The reference set for the sliced Wasserstein distance is ``max(N, reference_size)`` fresh true
+        samples drawn from ``seed`` unless ``reference`` is given (a large reference removes its own
+        sampling noise; the scored set's noise remains, see ``reference_metrics`` for that floor);
+        projections are drawn from ``seed`` too, so calls with the same seed are directly comparable.
         """
         x = samples.reshape(samples.shape[0], -1).double().cpu()
         if not torch.isfinite(x).all():
@@ -303,7 +306,7 @@ class GaussianMixtureOracle(ModelMixin, ConfigMixin):
         expected = self._t("logw", "cpu").exp()
         coverage = (counts >= coverage_threshold * expected).double().mean().item()
         g = torch.Generator().manual_seed(seed)
-        ref = self.sample(N, generator=g) if reference is None else reference
+        ref = self.sample(max(N, reference_size), generator=g) if reference is None else reference
         sw = sliced_wasserstein(x, ref.reshape(ref.shape[0], -1).double().cpu(), num_projections, g)
         return MixtureMetrics(mld, coverage, sw, N, abs(mld - self.expected_log_density()))
 
