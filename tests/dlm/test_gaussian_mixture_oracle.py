@@ -128,4 +128,5 @@ def test_oracle_runs_in_ddim_pipeline():
     out = pipe(batch_size=256, num_inference_steps=50, output_type="np", generator=torch.Generator().manual_seed(0))
     x = torch.from_numpy(out.images).permute(0, 3, 1, 2).double() * 2 - 1  # pipeline maps [-1, 1] to [0, 1]
     m = o.metrics(x)
-    assert m.mode_coverage == 1.0 and m.sliced_wasserstein < 0.08
+    assert m.mode_coverage == 1.0
+    assert m.sliced_wasserstein < 2 * o.reference_metrics(256).sliced_wasserstein
