@@ -129,4 +129,5 @@ def test_oracle_runs_in_ddim_pipeline():
     x = torch.from_numpy(out.images).permute(0, 3, 1, 2).double() * 2 - 1  # pipeline maps [-1, 1] to [0, 1]
     m = o.metrics(x)
     assert m.mode_coverage == 1.0
-    assert m.sliced_wasserstein < 2 * o.reference_metrics(256).sliced_wasserstein
+    # 50 DDIM steps shrink within-mode spread in 64-D (see docs/solvers.md), so allow 3x the floor.
+    assert m.sliced_wasserstein < 3 * o.reference_metrics(256).sliced_wasserstein
