@@ -477,6 +477,7 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
     }
     result = BenchResult(config=asdict(cfg), meta=meta, pairs=pairs)
     result.meta["targets"] = summarize_targets(result)
+    result.meta["vs_diffusers"] = compare_to_baselines(result)
     return result
 
 
@@ -549,7 +550,40 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
             "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     result = BenchResult(config=asdict(cfg), meta=meta, pairs=pairs)
     result.meta["targets"] = summarize_targets(result)
+    result.meta["vs_diffusers"] = compare_to_baselines(result)
     return result
+
+
+def compare_to_baselines(result: BenchResult, tolerance: float = 1.0) -> dict:
+    """Equal-quality speed ratios of each of our samplers against each diffusers baseline.
+
+    For a baseline, its operating point is its smallest-NFE pair within `tolerance` points of its own
+    budget = gen_length run (see `summarize_targets`). For each of our samplers, the matching point is
+    its fastest pair (least wall time) whose quality is at least the baseline's operating quality minus
+    `tolerance`; None when no pair reaches it. Ratios > 1 mean ours is faster / uses fewer forwards.
+    """
+    targets = summarize_targets(result, tolerance)
+    engines = {p.sampler: p.engine for p in result.pairs}
+    out: dict[str, Any] = {}
+    for base, bt in targets.items():
+        if engines[base] != "diffusers":
+            continue
+        base_pair = next(p for p in result.pairs if p.sampler == base and p.budget == bt["min_budget"])
+        rows = {}
+        for name in targets:
+            if engines[name] == "diffusers":
+                continue
+            ok = [p for p in result.pairs if p.sampler == name and p.quality >= base_pair.quality - tolerance]
+            if not ok:
+                rows[name] = None
+                continue
+            best = min(ok, key=lambda p: p.seconds)
+            rows[name] = {"budget": best.budget, "quality": best.quality, "nfe": best.nfe, "seconds": best.seconds,
+                          "wall_ratio": base_pair.seconds / max(best.seconds, 1e-9),
+                          "nfe_ratio": base_pair.nfe / max(best.nfe, 1e-9)}
+        out[base] = {"budget": base_pair.budget, "quality": base_pair.quality, "nfe": base_pair.nfe,
+                     "seconds": base_pair.seconds, "ours": rows}
+    return out
 
 
 def summarize_targets(result: BenchResult, tolerance: float = 1.0) -> dict:

@@ -40,6 +40,15 @@ def format_table(result: BenchResult) -> str:
                   f"{t['min_nfe']:.1f}", f"{t['quality']:.1f}", f"{t['tpf']:.2f}"] for name, t in targets.items()]
         text += "\n\nsmallest NFE within 1 point of the sampler's budget=gen_length run\n" + _grid(
             ["sampler", "ref q@steps", "steps", "NFE/seq", "quality%", "TPF"], trows)
+    for base, cmp in (result.meta.get("vs_diffusers") or {}).items():
+        trows = []
+        for name, r in cmp["ours"].items():
+            trows.append([name] + (["-"] * 6 if r is None else [
+                str(r["budget"]), f"{r['quality']:.1f}", f"{r['nfe']:.1f}", f"{r['seconds']:.2f}",
+                f"{r['nfe_ratio']:.2f}x", f"{r['wall_ratio']:.2f}x"]))
+        text += (f"\n\nvs {base} at steps {cmp['budget']} (quality {cmp['quality']:.1f}, NFE {cmp['nfe']:.1f}, "
+                 f"{cmp['seconds']:.2f} s): our fastest pair within 1 point\n")
+        text += _grid(["sampler", "steps", "quality%", "NFE/seq", "seconds", "NFE ratio", "wall ratio"], trows)
     return text
 
 
