@@ -57,6 +57,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=CHECKPOINT)
+    p.add_argument("--resume", action="store_true", help="continue from the (EMA) weights already in --out")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -64,7 +65,16 @@ def main() -> None:
 
     split = digits_split()
     x_all, y_all = split.train_images, split.train_labels
-    transformer, embedder = build_transformer(), DigitsLabelEmbedder()
+    if args.resume:
+        from diffusers import PixArtTransformer2DModel
+
+        transformer = PixArtTransformer2DModel.from_pretrained(args.out / "transformer")
+        embedder = DigitsLabelEmbedder.from_pretrained(args.out / "label_embedder")
+        previous = json.loads((args.out / "training.json").read_text())
+    else:
+        transformer, embedder, previous = build_transformer(), DigitsLabelEmbedder(), None
+    transformer.train()
+    embedder.train()
     ema_t, ema_e = copy.deepcopy(transformer).eval(), copy.deepcopy(embedder).eval()
     params = list(transformer.parameters()) + list(embedder.parameters())
     print(f"params: {sum(q.numel() for q in params)}")
@@ -72,7 +82,7 @@ def main() -> None:
     sched = default_scheduler()
     abar = sched.alphas_cumprod.float()
     classifier = load_digits_classifier("cnn")
-    warmup = 500
+    warmup = 100 if args.resume else 500
 
     t0, last_save, step = time.time(), time.time(), 0
     history = []
@@ -114,6 +124,8 @@ def main() -> None:
     meta = {"step": step, "seconds": round(time.time() - t0), "batch_size": args.batch_size, "lr": args.lr,
             "ema": args.ema, "label_dropout": args.label_dropout, "threads": args.threads, "seed": args.seed,
             "final_loss": loss.item(), "history": history}
+    if previous is not None:
+        meta["resumed_from"] = previous
     pipe = save(ema_t, ema_e, args.out, meta)
     meta["ddim20_g3_accuracy"] = quick_eval(pipe, classifier)
     (args.out / "training.json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -17,6 +17,7 @@ which counts once.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -154,9 +155,11 @@ class DigitsPipeline(DiffusionPipeline):
         self.nfe = 0
         self.scheduler.set_timesteps(int(num_inference_steps), device=self.device)
         timesteps = self.scheduler.timesteps
+        # stochastic schedulers take the generator; deterministic ones (UniPC) reject the keyword
+        step_kw = {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
         for i, t in enumerate(self.progress_bar(timesteps)):
             eps = self.predict_noise(x, t, labels, guidance_scale)
-            x = self.scheduler.step(eps, t, x, generator=generator).prev_sample
+            x = self.scheduler.step(eps, t, x, **step_kw).prev_sample
             if callback is not None:
                 callback(i, len(timesteps))
         images = x.clamp(-1, 1).float().cpu()
