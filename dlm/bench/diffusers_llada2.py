@@ -62,6 +62,7 @@ class DiffusersModelWrapper(torch.nn.Module):
         self.model = model
         self.config = getattr(model, "config", None)
         self.positions_from_mask = positions_from_mask
+        self._takes_positions = _accepts(model, "position_ids")
         self.reset()
 
     @property
@@ -88,7 +89,8 @@ class DiffusersModelWrapper(torch.nn.Module):
             position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # the model was trained without a mask; all-ones adds nothing
-        out = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        kw = {"position_ids": position_ids} if self._takes_positions and position_ids is not None else {}
+        out = self.model(input_ids, attention_mask=attention_mask, **kw)
         logits = out if isinstance(out, torch.Tensor) else out.logits
         mask_id = getattr(self.config, "mask_token_id", None)
         if mask_id is not None:
@@ -100,6 +102,15 @@ class DiffusersModelWrapper(torch.nn.Module):
         return SimpleNamespace(logits=logits)
 
 
+def _accepts(model, name: str) -> bool:
+    import inspect
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 class DiffusersTokenizerWrapper:
     """The subset of a Hugging Face tokenizer that `LLaDA2Pipeline` calls, over a project tokenizer
     with `encode`, `decode`, `pad_token_id`, `mask_token_id`, `eos_token_id` (left padding)."""
@@ -108,9 +119,9 @@ class DiffusersTokenizerWrapper:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.eos_token_id = tokenizer.eos_token_id
-        self.mask_token_id = tokenizer.mask_token_id
-        self.pad_token_id = tokenizer.pad_token_id
+        self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
+        self.mask_token_id = getattr(tokenizer, "mask_token_id", None)
+        self.pad_token_id = getattr(tokenizer, "pad_token_id", None)
 
     def __call__(self, text, return_tensors=None, padding=False, **kwargs):
         texts = [text] if isinstance(text, str) else list(text)
@@ -170,7 +181,8 @@ class LLaDA2RunOutput:
 
 def run_llada2(pipe, wrapper: DiffusersModelWrapper, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *,
                gen_length: int, block_length: int, steps: int, temperature: float = 0.0,
-               generator: torch.Generator | None = None, options: dict | None = None) -> LLaDA2RunOutput:
+               generator: torch.Generator | None = None, options: dict | None = None,
+               mask_token_id: int | None = None, eos_token_id: int | None = None) -> LLaDA2RunOutput:
     """Run the pipeline on token ids (the same ids our engine gets) with a mapped step budget."""
     opts = dict(BASELINES["diffusers-llada2"])
     opts.update(options or {})
@@ -184,6 +196,7 @@ def run_llada2(pipe, wrapper: DiffusersModelWrapper, input_ids: torch.Tensor, at
         input_ids=input_ids, attention_mask=attention_mask, use_chat_template=False,
         gen_length=gen_length, block_length=block_length, num_inference_steps=n_steps,
         temperature=temperature, sampling_method="auto", generator=generator, output_type="seq",
+        mask_token_id=mask_token_id, eos_token_id=eos_token_id,
         eos_early_stop=bool(opts.pop("eos_early_stop", True)), **opts)
     seconds = time.perf_counter() - started
     return LLaDA2RunOutput(sequences=out.sequences, nfe=wrapper.nfe, seconds=seconds,

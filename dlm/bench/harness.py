@@ -127,29 +127,31 @@ def parse_steps(text: str | list[int]) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- model and suite
-def load_model(name_or_path: str):
-    """`(model, tokenizer)` for a built-in name or a checkpoint path.
+def load_model(name_or_path: str, device: str = "cpu"):
+    """`(model, tokenizer, ids)` for a built-in name or a checkpoint path; `ids` holds the mask, EOS and
+    pad ids the loader resolved (None where unknown).
 
     Uses `dlm.load` (the project's loader) when it exists, else the tiny model's own loader.
     """
     try:
-        from dlm.loading import load as project_load  # noqa: WPS433 - optional until it lands
+        from dlm.loading import load as project_load
     except ImportError:
         project_load = None
     if project_load is not None:
         try:
-            obj = project_load(name_or_path)
+            obj = project_load(name_or_path, device=device)
         except (OSError, KeyError) as err:
             raise ValueError(f"cannot load model {name_or_path!r}: {err}") from None
         if isinstance(obj, tuple):
-            return obj[0], obj[1]
-        return obj.model, obj.tokenizer
+            return obj[0], obj[1], {}
+        ids = {k: getattr(obj, k, None) for k in ("mask_token_id", "eos_token_id", "pad_token_id")}
+        return obj.model, obj.tokenizer, ids
     from dlm.tiny import BUILTIN_MODELS, load_tiny_dlm
 
     if name_or_path in BUILTIN_MODELS:
-        return load_tiny_dlm(BUILTIN_MODELS[name_or_path])
+        return (*load_tiny_dlm(BUILTIN_MODELS[name_or_path], device=device), {})
     if Path(name_or_path).is_dir():
-        return load_tiny_dlm(name_or_path)
+        return (*load_tiny_dlm(name_or_path, device=device), {})
     raise ValueError(f"unknown model {name_or_path!r}; give a built-in name ({', '.join(BUILTIN_MODELS)}) "
                      f"or a checkpoint directory")
 
@@ -347,16 +349,21 @@ class BenchResult:
 class _Runner:
     """Runs one sampler spec at one budget on one batch; knows both engines."""
 
-    def __init__(self, model, tokenizer, cfg: BenchConfig):
+    def __init__(self, model, tokenizer, cfg: BenchConfig, ids: dict | None = None):
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self._pipe = None
-        self.mask_id = getattr(tokenizer, "mask_token_id", None) or getattr(model.config, "mask_token_id", None)
-        self.eos_id = getattr(tokenizer, "eos_token_id", None)
-        if self.eos_id is None:
-            self.eos_id = getattr(model.config, "eos_token_id", None)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        if pad is None:
-            pad = getattr(model.config, "pad_token_id", None)
+        ids = ids or {}
+        config = getattr(model, "config", None)
+
+        def first(name):
+            for source in (ids.get(name), getattr(tokenizer, name, None), getattr(config, name, None)):
+                if isinstance(source, (list, tuple)):
+                    source = source[0] if source else None
+                if source is not None:
+                    return int(source)
+            return None
+
+        self.mask_id, self.eos_id, pad = first("mask_token_id"), first("eos_token_id"), first("pad_token_id")
         if pad is None or pad == self.mask_id:
             pad = self.eos_id  # any id but the mask works under the attention mask
         self.pad_id = pad
@@ -376,7 +383,7 @@ class _Runner:
             opts.update(spec.option_dict)
             out = run_llada2(pipe, wrapper, input_ids, attention_mask, gen_length=cfg.gen_length,
                              block_length=cfg.block_length, steps=budget, temperature=cfg.temperature,
-                             generator=generator, options=opts)
+                             generator=generator, options=opts, mask_token_id=self.mask_id, eos_token_id=self.eos_id)
             return out.sequences, [out.nfe] * input_ids.shape[0], out.nfe, out.forward_tokens, out.seconds
         import dlm
 
@@ -409,12 +416,13 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
         return _run_oracle(cfg, oracle_suite, specs, budgets, progress)
     tasks = resolve_suite(cfg.suite, cfg.extractor)
     examples = collect_examples(tasks, cfg.limit, cfg.seed)
+    ids = {}
     if model is None:
-        model, tokenizer = load_model(cfg.model)
+        model, tokenizer, ids = load_model(cfg.model, device=cfg.device)
     model.eval()
     device = torch.device(cfg.device)
     cfg = _with(cfg, temperature=0.0 if cfg.temperature is None else cfg.temperature)
-    runner = _Runner(model, tokenizer, cfg)
+    runner = _Runner(model, tokenizer, cfg, ids)
     if runner.mask_id is None:
         raise ValueError(f"model {cfg.model!r} has no mask token: it is not a masked diffusion LM")
     task_of = {t.name: t for t in tasks}
