@@ -34,10 +34,18 @@ def _boxes_ok(g) -> bool:
 def _all_grids(sudoku: bool) -> tuple[tuple[str, ...], ...]:
     perms = ["".join(p) for p in itertools.permutations("1234")]
     out = []
-    for rows in itertools.product(perms, repeat=4):
-        if _rows_cols_ok(rows) and (not sudoku or _boxes_ok(rows)):
-            out.append(rows)
-    return tuple(out)  # 288 Sudoku grids, 576 Latin squares
+
+    def extend(rows):
+        if len(rows) == 4:
+            if not sudoku or _boxes_ok(rows):
+                out.append(tuple(rows))
+            return
+        for p in perms:  # prune on column repeats row by row
+            if all(p[c] != r[c] for r in rows for c in range(4)):
+                extend(rows + [p])
+
+    extend([])
+    return tuple(out)  # 288 Sudoku grids, 576 Latin squares (in a fixed order)
 
 
 def parse_grid(text) -> Optional[list[str]]:

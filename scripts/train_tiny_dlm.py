@@ -1,0 +1,280 @@
+"""Train the built-in tiny masked-diffusion LM on the task suites (masked-diffusion SFT, LLaDA style).
+
+Sequence: prompt + "\\n" (the separator is dropped for a small fraction of examples so raw prompts
+still work) + answer + <eos> padding the response to R = 64 tokens. Only response tokens are masked:
+  - random pattern: t ~ U(eps, 1), each response position masked with probability t;
+  - semi-autoregressive pattern (a fraction `--semi-ar`): block size b in {8, 16, 32}, a clean
+    prefix of k*b response tokens, random masking (prob t) inside the next block, everything after
+    it fully masked, as blockwise left-to-right decoding sees it.
+Loss: cross-entropy on masked positions, weighted 1/t and normalised by R (LLaDA); for the
+semi-AR pattern t is the fraction of the response actually masked.
+Fresh training-split examples are generated on the fly.
+
+    python scripts/train_tiny_dlm.py --out /tmp/tiny_dlm_run --max-minutes 50
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dlm.tasks import PROMPT_SUFFIX, get_suite, split_of  # noqa: E402
+from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel  # noqa: E402
+
+RESPONSE_LEN = 64
+
+# Harder tasks get more samples.
+TASK_WEIGHTS = {
+    "copy": 1.0, "reverse": 1.0, "sort": 1.5, "insert_index": 1.0, "remove_index": 1.0,
+    "replace_index": 1.0, "shuffle": 0.7, "insert_random": 0.7, "replace_random": 0.7,
+    "arithmetic": 2.0, "sudoku": 1.5, "latin": 1.5,
+}
+
+
+def sample_train_example(task, rng: random.Random):
+    while True:
+        ex = task._make(rng)
+        if split_of(ex.prompt) == "train":
+            return ex
+
+
+def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_ar: float,
+                no_sep: float, gen: torch.Generator, short_resp: float = 0.0):
+    """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
+
+    With probability `short_resp` the whole batch uses a shorter response (its longest answer plus
+    1-8 EOS) to save compute; the rest uses the full R = 64 that inference uses.
+    """
+    prompts, responses = [], []
+    for _ in range(batch_size):
+        task = rng.choices(tasks, weights=weights)[0]
+        ex = sample_train_example(task, rng)
+        p = ex.prompt + ("" if rng.random() < no_sep else PROMPT_SUFFIX)
+        a = tok.encode(ex.answer)
+        assert len(a) < RESPONSE_LEN, ex
+        prompts.append(tok.encode(p))
+        responses.append(a + [tok.eos_token_id] * (RESPONSE_LEN - len(a)))
+    P = max(len(p) for p in prompts)
+    B, R = batch_size, RESPONSE_LEN
+    if rng.random() < short_resp:
+        R = min(RESPONSE_LEN, max(len(r) - r.count(tok.eos_token_id) for r in responses)
+                + rng.randint(1, 8))
+        responses = [r[:R] for r in responses]
+    clean = torch.full((B, P + R), tok.pad_token_id, dtype=torch.long)
+    att = torch.zeros(B, P + R, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        clean[i, P - len(p):P] = torch.tensor(p)
+        clean[i, P:] = torch.tensor(r)
+        att[i, P - len(p):] = 1
+
+    eps = 1e-3
+    t = eps + (1 - eps) * torch.rand(B, generator=gen)
+    u = torch.rand(B, R, generator=gen)
+    mask = u < t[:, None]
+    # semi-autoregressive rows
+    semi = torch.rand(B, generator=gen) < semi_ar
+    pos = torch.arange(R)
+    for i in torch.nonzero(semi).flatten().tolist():
+        b = rng.choice((8, 16, 32))
+        start = b * rng.randrange(-(-R // b))
+        end = start + b
+        m = (u[i] < t[i]) & (pos >= start) & (pos < end)
+        m |= pos >= end
+        mask[i] = m
+    # at least one masked position per row
+    none = ~mask.any(1)
+    if none.any():
+        j = torch.randint(0, R, (B,), generator=gen)
+        mask[none, j[none]] = True
+    frac = mask.float().mean(1)
+    t_eff = torch.where(semi, frac, t)
+    w = mask.float() / (t_eff[:, None] * R)
+
+    x = clean.clone()
+    x[:, P:][mask] = tok.mask_token_id
+    weights_full = torch.zeros(B, P + R)
+    weights_full[:, P:] = w
+    return x, clean, att, weights_full, P
+
+
+@torch.no_grad()
+def quick_decode(model, tok, prompts: list[str], steps: int = RESPONSE_LEN, block: int = 32):
+    """Greedy confidence decoding with a plain loop (k tokens per step inside each block)."""
+    enc = [tok.encode(p + PROMPT_SUFFIX) for p in prompts]
+    P = max(len(e) for e in enc)
+    B, R = len(enc), RESPONSE_LEN
+    x = torch.full((B, P + R), tok.mask_token_id, dtype=torch.long)
+    att = torch.ones(B, P + R, dtype=torch.long)
+    for i, e in enumerate(enc):
+        x[i, :P - len(e)] = tok.pad_token_id
+        att[i, :P - len(e)] = 0
+        x[i, P - len(e):P] = torch.tensor(e)
+    nblocks = R // block
+    per_block = max(1, steps // nblocks)
+    for b in range(nblocks):
+        s, e = P + b * block, P + (b + 1) * block
+        for k in range(per_block):
+            masked = x[:, s:e] == tok.mask_token_id
+            if not masked.any():
+                break
+            n = math.ceil(masked.sum(1).max().item() / (per_block - k))
+            logits = model(x, attention_mask=att).logits[:, s:e]
+            logits[..., tok.mask_token_id] = -float("inf")
+            logits[..., tok.pad_token_id] = -float("inf")
+            p, tokv = logits.softmax(-1).max(-1)
+            p = torch.where(masked, p, torch.full_like(p, -1.0))
+            top = p.topk(min(n, block), dim=1).indices
+            sel = torch.zeros_like(masked)
+            sel.scatter_(1, top, True)
+            sel &= masked
+            x[:, s:e] = torch.where(sel, tokv, x[:, s:e])
+    return tok.batch_decode(x[:, P:])
+
+
+def quick_eval(model, tok, tasks, n_per_task: int, seed: int = 123, steps: int = 32):
+    model.eval()
+    exs = []
+    for t in tasks:
+        exs += [(t, ex) for ex in t.examples("test", n_per_task, seed=seed)]
+    outs = quick_decode(model, tok, [ex.prompt for _, ex in exs], steps=steps, block=32)
+    model.train()
+    acc = {}
+    for (t, ex), o in zip(exs, outs):
+        acc.setdefault(t.name, []).append(t.score(ex, o))
+    return {k: sum(v) / len(v) for k, v in acc.items()}, outs
+
+
+def save(model, tok, out: Path, step: int, loss: float, args):
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model_half = TinyDLMModel(model.config)
+    model_half.load_state_dict(model.state_dict())
+    model_half.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "training_state.json").write_text(json.dumps(
+        {"step": step, "loss": loss, "args": vars(args)}, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="/tmp/tiny_dlm_run")
+    ap.add_argument("--hidden-size", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=5)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--intermediate", type=int, default=384)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.05)
+    ap.add_argument("--weight-decay", type=float, default=0.05)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--max-steps", type=int, default=100000)
+    ap.add_argument("--max-minutes", type=float, default=50.0,
+                    help="wall-time cap; the cosine schedule is laid out over this time")
+    ap.add_argument("--semi-ar", type=float, default=0.4)
+    ap.add_argument("--no-sep", type=float, default=0.1)
+    ap.add_argument("--short-resp", type=float, default=0.5,
+                    help="fraction of batches trained with a response cut to answer + 1-8 EOS")
+    ap.add_argument("--tasks", default="all")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--eval-every-min", type=float, default=8.0)
+    ap.add_argument("--save-every-min", type=float, default=5.0)
+    ap.add_argument("--eval-n", type=int, default=4)
+    ap.add_argument("--init", default=None, help="resume weights from a checkpoint dir")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    tok = TinyCharTokenizer()
+    tasks = get_suite(args.tasks)
+    weights = [TASK_WEIGHTS.get(t.name, 1.0) for t in tasks]
+    cfg = TinyDLMConfig(
+        vocab_size=tok.vocab_size, hidden_size=args.hidden_size, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, intermediate_size=args.intermediate,
+        max_position_embeddings=192, mask_token_id=tok.mask_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if args.init:
+        model = TinyDLMModel.from_pretrained(args.init, dtype=torch.float32)
+    else:
+        model = TinyDLMModel(cfg)
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"params {n_params / 1e6:.2f}M  tasks {[t.name for t in tasks]}", flush=True)
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.98))
+    out = Path(args.out)
+    t0 = time.time()
+    budget = args.max_minutes * 60
+    last_eval = last_save = t0
+    ema = None
+    step = 0
+    while step < args.max_steps:
+        elapsed = time.time() - t0
+        if elapsed > budget:
+            break
+        # Schedule in wall time, so the cosine ends when the time cap does.
+        frac = min(1.0, elapsed / budget)
+        if step < args.warmup:
+            lr = args.lr * (step + 1) / args.warmup
+        else:
+            lr = args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, clean, att, w, P = build_batch(tasks, weights, tok, rng, args.batch_size,
+                                          args.semi_ar, args.no_sep, gen, args.short_resp)
+        logits = model(x, attention_mask=att).logits
+        ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")
+        loss = (ce.view_as(w) * w).sum() / x.shape[0]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        lv = loss.item()
+        ema = lv if ema is None else 0.98 * ema + 0.02 * lv
+        if step % args.log_every == 0:
+            el = time.time() - t0
+            print(f"step {step} loss {lv:.4f} ema {ema:.4f} gnorm {gnorm:.2f} lr {lr:.2e} "
+                  f"elapsed {el / 60:.1f}m ({el / step:.2f}s/step)", flush=True)
+        now = time.time()
+        if now - last_save > args.save_every_min * 60:
+            save(model, tok, out, step, ema, args)
+            last_save = now
+        if now - last_eval > args.eval_every_min * 60:
+            acc, outs = quick_eval(model, tok, tasks, args.eval_n)
+            print("eval " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()), flush=True)
+            print("  sample:", repr(outs[0]), "|", repr(outs[-1]), flush=True)
+            last_eval = time.time()
+    save(model, tok, out, step, ema if ema is not None else float("nan"), args)
+    el = time.time() - t0
+    print(f"done: {step} steps in {el / 60:.1f} min, final ema loss {ema:.4f}; saved to {out}",
+          flush=True)
+    acc, _ = quick_eval(model, tok, tasks, 8)
+    print("final quick eval (8/task, 32 steps) " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()),
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
