@@ -52,6 +52,29 @@ def format_table(result: BenchResult) -> str:
     return text
 
 
+def format_markdown(result: BenchResult, per_task: bool = True) -> str:
+    """The pairs as a Markdown table (for docs), plus per-task quality when the suite has several tasks."""
+    cols = [c for c in COLUMNS if c[0] != "peak_mem_mb"]
+    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for p in result.pairs:
+        lines.append("| " + " | ".join(_fmt(fmt, getattr(p, key)) for key, _, fmt in cols) + " |")
+    tasks = result.meta.get("suite_tasks", [])
+    if per_task and len(tasks) > 1:
+        lines += ["", "| sampler@steps | TPF | " + " | ".join(tasks) + " |", "|" + "---|" * (len(tasks) + 2)]
+        for p in result.pairs:
+            lines.append(f"| {p.sampler}@{p.budget} | {p.tpf:.2f} | "
+                         + " | ".join(_fmt("{:.0f}", p.quality_by_task.get(t)) for t in tasks) + " |")
+    return "\n".join(lines)
+
+
+def load_result(path) -> BenchResult:
+    """Read a `results.json` back into a `BenchResult`."""
+    from dlm.bench.harness import PairResult
+
+    data = json.loads(Path(path).read_text())
+    return BenchResult(config=data["config"], meta=data["meta"], pairs=[PairResult(**p) for p in data["pairs"]])
+
+
 def write_json(result: BenchResult, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
