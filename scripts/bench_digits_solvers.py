@@ -62,6 +62,46 @@ def steps_for(pipe, name: str, target: int) -> int | None:
     return best
 
 
+def plot(rows: list[dict], solvers: list[str], guidance: float, samples: int, fig_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ref = next(r for r in rows if str(r["solver"]).startswith("reference"))
+    real = next(r for r in rows if r["solver"] == "real-train-digits")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    colors = {"ddim": "C0", "pndm": "C1", "plms": "C2", "dpmpp-2m": "C3",
+              "diffusers-ddim": "C0", "diffusers-pndm": "C2", "diffusers-dpm": "C3", "diffusers-unipc": "C4"}
+    for name in solvers:
+        pts = [r for r in rows if r["solver"] == name and "nfe" in r]
+        if not pts:
+            continue
+        ours = name in OURS
+        for ax, key in zip(axes, ("accuracy_cnn", "frechet")):
+            ax.plot([r["nfe"] for r in pts], [r[key] for r in pts], "-" if ours else "--",
+                    marker="o" if ours else "x", ms=6 if ours else 9, color=colors.get(name), alpha=0.9,
+                    label=name + (" (ours)" if ours else ""))
+    for ax, key, title in zip(axes, ("accuracy_cnn", "frechet"),
+                              ("requested-digit accuracy (CNN)", "Frechet distance to test digits (CNN feats)")):
+        ax.axhline(ref[key], color="k", lw=1, ls=":", label=ref["solver"])
+        ax.axhline(real[key], color="grey", lw=1, ls="-.", label="real train digits")
+        ax.set_xscale("log")
+        ax.set_xlabel("NFE (model calls)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[1].set_yscale("log")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.suptitle(f"digits transformer, guidance {guidance}, {samples} samples "
+                 "(solid o: ours, dashed x: diffusers; same colour = same algorithm)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig_path = fig_dir / "digits_solvers.png"
+    fig.savefig(fig_path, dpi=110)
+    plt.close(fig)
+    return fig_path
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--nfe", default="5,10,20,50")
@@ -69,11 +109,18 @@ def main() -> None:
     p.add_argument("--guidance", type=float, default=3.0)
     p.add_argument("--reference-steps", type=int, default=250)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--replot", type=Path, default=None, help="redraw the figure from a JSON this script wrote")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "digits_solvers")
     p.add_argument("--figures", type=Path, default=ROOT / "docs" / "figures")
     args = p.parse_args()
     torch.set_num_threads(1)
     targets = [int(x) for x in args.nfe.split(",")]
+    if args.replot is not None:
+        data = json.loads(args.replot.read_text())
+        solvers = list(dict.fromkeys(r["solver"] for r in data["rows"] if "target_nfe" in r))
+        cfg = data["config"]
+        print(plot(data["rows"], solvers, cfg["guidance"], cfg["samples"], args.figures))
+        return
     if args.quick:
         targets, args.samples, args.reference_steps = [5, 10], 100, 20
 
@@ -124,34 +171,7 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     args.figures.mkdir(parents=True, exist_ok=True)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name in solvers:
-        pts = [r for r in rows if r["solver"] == name and "nfe" in r]
-        if not pts:
-            continue
-        style = "-" if name in OURS else "--"
-        for ax, key in zip(axes, ("accuracy_cnn", "frechet")):
-            ax.plot([r["nfe"] for r in pts], [r[key] for r in pts], style, marker="o", ms=4, label=name)
-    for ax, key, title in zip(axes, ("accuracy_cnn", "frechet"),
-                              ("requested-digit accuracy (CNN)", "Frechet distance to test digits (CNN feats)")):
-        ax.axhline(ref[key], color="k", lw=1, ls=":", label=ref["solver"])
-        ax.axhline(rows[0][key], color="grey", lw=1, ls="-.", label="real train digits")
-        ax.set_xscale("log")
-        ax.set_xlabel("NFE (model calls)")
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[1].set_yscale("log")
-    axes[1].legend(fontsize=7, ncol=2)
-    fig.suptitle(f"digits transformer, guidance {args.guidance}, {args.samples} samples (solid: ours, dashed: diffusers)",
-                 fontsize=10)
-    fig.tight_layout()
-    fig_path = args.figures / "digits_solvers.png"
-    fig.savefig(fig_path, dpi=110)
+    fig_path = plot(rows, solvers, args.guidance, args.samples, args.figures)
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     (args.out / "digits_solvers.json").write_text(json.dumps({"config": cfg, "rows": rows, "figure": str(fig_path)}, indent=1))
     print(f"wrote {args.out / 'digits_solvers.json'} and {fig_path}")

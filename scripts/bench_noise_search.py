@@ -152,7 +152,7 @@ def bench_gmm(args) -> list[dict]:
     return rows
 
 
-def plot(rows, out_dir: Path) -> list[str]:
+def plot(rows, out_dir: Path, tag: str = "") -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,9 +185,12 @@ def plot(rows, out_dir: Path) -> list[str]:
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
-        fig.suptitle(f"noise search on {bench}", fontsize=11)
+        fig.suptitle(f"noise search on {bench}{' (' + tag + ')' if tag else ''}", fontsize=11)
         fig.tight_layout()
-        path = out_dir / f"noise_search_{bench}.png"
+        if not any(r["bench"] == bench for r in rows):
+            plt.close(fig)
+            continue
+        path = out_dir / f"noise_search_{bench}{'_' + tag if tag else ''}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(str(path))
@@ -204,6 +207,7 @@ def main() -> None:
     p.add_argument("--gmm-std", type=float, default=0.1)
     p.add_argument("--only", choices=("digits", "gmm"), default=None)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--tag", default="", help="suffix for the JSON and figure names (e.g. g1)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "noise_search")
     p.add_argument("--figures", type=Path, default=ROOT / "docs" / "figures")
     args = p.parse_args()
@@ -218,10 +222,11 @@ def main() -> None:
         rows += bench_gmm(args)
     args.out.mkdir(parents=True, exist_ok=True)
     args.figures.mkdir(parents=True, exist_ok=True)
-    figs = plot(rows, args.figures)
+    figs = plot(rows, args.figures, args.tag)
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    (args.out / "noise_search.json").write_text(json.dumps({"config": cfg, "rows": rows, "figures": figs}, indent=1))
-    print(f"wrote {args.out / 'noise_search.json'} and {', '.join(figs)}")
+    out_json = args.out / f"noise_search{'_' + args.tag if args.tag else ''}.json"
+    out_json.write_text(json.dumps({"config": cfg, "rows": rows, "figures": figs}, indent=1))
+    print(f"wrote {out_json} and {', '.join(figs)}")
 
 
 if __name__ == "__main__":
