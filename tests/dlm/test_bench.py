@@ -129,3 +129,25 @@ def test_llada2_wrapper_left_padding_matches_unpadded_row():
     logits_pad = wrapper(torch.tensor(ids)[:1], attention_mask=torch.tensor(att)[:1]).logits[0, -len(short):]
     logits_alone = wrapper(torch.tensor([short]), attention_mask=torch.ones(1, len(short), dtype=torch.long)).logits[0]
     torch.testing.assert_close(logits_pad, logits_alone, rtol=1e-4, atol=1e-4)
+
+
+def _pair(sampler, budget, quality, nfe, seconds, engine="dlm"):
+    from dlm.bench.harness import PairResult
+    return PairResult(sampler=sampler, budget=budget, engine=engine, kv_cache="none", n=10, quality=quality,
+                      quality_by_task={}, nfe=nfe, nfe_per_call=nfe, tpf=64 / nfe, tokens_per_s=1.0, seconds=seconds,
+                      forward_tokens=0, peak_mem_mb=None, mem_method="x")
+
+
+def test_targets_and_equal_quality_ratios():
+    from dlm.bench.harness import BenchResult, compare_to_baselines, summarize_targets
+    pairs = [_pair("confidence", 16, 70.0, 16, 2.0), _pair("confidence", 32, 79.5, 32, 4.0),
+             _pair("confidence", 64, 80.0, 64, 8.0),
+             _pair("diffusers-llada2", 32, 79.0, 36, 12.0, "diffusers"), _pair("diffusers-llada2", 64, 79.0, 70, 24.0, "diffusers")]
+    result = BenchResult(config={"gen_length": 64}, meta={}, pairs=pairs)
+    t = summarize_targets(result)
+    assert t["confidence"]["min_budget"] == 32 and t["confidence"]["reference_quality"] == 80.0
+    assert t["confidence"]["tpf"] == 2.0 and t["diffusers-llada2"]["min_budget"] == 32
+    cmp = compare_to_baselines(result)["diffusers-llada2"]
+    ours = cmp["ours"]["confidence"]
+    assert cmp["budget"] == 32 and ours["budget"] == 32  # the fastest of ours within 1 point of 79.0
+    assert ours["wall_ratio"] == pytest.approx(3.0) and ours["nfe_ratio"] == pytest.approx(36 / 32)
