@@ -1,0 +1,51 @@
+"""`dlm sample` and `dlm models` end to end on the shipped tiny model."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dlm.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_models_lists_the_builtin_name_first(capsys):
+    code, out, _ = run_cli(capsys, "models")
+    assert code == 0 and out.splitlines()[0].split("\t")[:2] == ["tiny-dlm", "ready"]
+
+
+def test_sample_json_has_the_promised_fields(capsys):
+    code, out, _ = run_cli(capsys, "sample", "--json", "--steps", "16", "--block-length", "32")
+    assert code == 0
+    data = json.loads(out)
+    assert {"text", "tokens", "nfe", "tpf", "seconds"} <= set(data)
+    assert data["nfe"] <= 16 and len(data["tokens"]) == 64 and isinstance(data["text"], str)
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--gen-length", "30", "--block-length", "8"], "multiple of block_length"),
+    (["--steps", "2", "--block-length", "16"], "at least the number of blocks"),
+    (["--sampler", "nope"], "valid samplers"),
+    (["--model", "no-such-model"], "unknown model"),
+    (["--temperature", "-1"], "temperature"),
+    (["--prompt", "  "], "empty"),
+    (["--prompt", "copy: " + "ana " * 40], "exceeds the model's context"),
+    (["--prompt", "Ünïcode"], "not in the tiny-dlm alphabet"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, fragment):
+    code, _, err = run_cli(capsys, "sample", *argv)
+    assert code == 2
+    assert fragment in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_console_script_reports_errors_without_traceback():
+    proc = subprocess.run([sys.executable, "-m", "dlm.cli", "sample", "--sampler", "nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "valid samplers" in proc.stderr
