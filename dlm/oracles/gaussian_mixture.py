@@ -144,6 +144,7 @@ class GaussianMixtureOracle(ModelMixin, ConfigMixin):
                 num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
             ).double(),
         }
+        self._cache = {}
         self.register_buffer("dtype_anchor", torch.zeros((), dtype=torch.float32))
         self._shape = shape
         self._dim = D
@@ -305,17 +306,31 @@ class GaussianMixtureOracle(ModelMixin, ConfigMixin):
         counts = torch.bincount(self.assign_modes(x), minlength=self.num_modes).double() / N
         expected = self._t("logw", "cpu").exp()
         coverage = (counts >= coverage_threshold * expected).double().mean().item()
-        g = torch.Generator().manual_seed(seed)
-        ref = self.sample(max(N, reference_size), generator=g) if reference is None else reference
-        sw = sliced_wasserstein(x, ref.reshape(ref.shape[0], -1).double().cpu(), num_projections, g)
+        if reference is None:
+            theta, ref_sorted = self._sw_reference(seed, max(N, reference_size), num_projections)
+        else:
+            theta = _projections(self._dim, num_projections, torch.Generator().manual_seed(seed))
+            ref_sorted = _sorted_proj(reference.reshape(reference.shape[0], -1).double().cpu(), theta)
+        sw = _sw_sorted(_sorted_proj(x, theta), ref_sorted)
         return MixtureMetrics(mld, coverage, sw, N, abs(mld - self.expected_log_density()))
+
+    def _sw_reference(self, seed: int, size: int, num_projections: int):
+        # The reference set and its sorted projections are the same for every call with these
+        # arguments; computing them once makes scoring many sample sets cheap.
+        key = ("sw", seed, size, num_projections)
+        if key not in self._cache:
+            g = torch.Generator().manual_seed(seed)
+            ref = self.sample(size, generator=g).reshape(size, -1)
+            theta = _projections(self._dim, num_projections, g)
+            self._cache[key] = (theta, _sorted_proj(ref, theta))
+        return self._cache[key]
 
     def expected_log_density(self, num_samples: int = 100_000) -> float:
         """``E_data[log p(x)]`` (minus the entropy) by Monte Carlo with a fixed seed; cached."""
-        if "expected_logp" not in self._tables:
+        if "expected_logp" not in self._cache:
             x = self.sample(num_samples, generator=torch.Generator().manual_seed(12345))
-            self._tables["expected_logp"] = torch.tensor(self.log_prob(x).mean().item())
-        return float(self._tables["expected_logp"])
+            self._cache["expected_logp"] = self.log_prob(x).mean().item()
+        return self._cache["expected_logp"]
 
     def reference_metrics(self, num_samples: int, seed: int = 1, **kw) -> MixtureMetrics:
         """Metrics of an exact sample set of the same size: the floor any sampler can reach."""
@@ -331,25 +346,38 @@ def sliced_wasserstein(
     ``sqrt(mean_theta W2^2(theta.x, theta.y))`` over ``num_projections`` random unit directions; 1-D W2
     is computed between empirical quantile functions on a common grid of ``max(N, M)`` levels.
     """
-    D = x.shape[1]
-    theta = torch.randn(D, num_projections, generator=generator, dtype=torch.float64)
-    theta = theta / theta.norm(dim=0, keepdim=True)
-    px = torch.sort(x.double() @ theta, dim=0).values
-    py = torch.sort(y.double() @ theta, dim=0).values
-    if px.shape[0] != py.shape[0]:
-        n = max(px.shape[0], py.shape[0])
+    theta = _projections(x.shape[1], num_projections, generator)
+    return _sw_sorted(_sorted_proj(x.double(), theta), _sorted_proj(y.double(), theta))
+
+
+def _sorted_proj(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """Projections ``[P, N]`` sorted along the last (contiguous) dim: much faster than sorting dim 0."""
+    return torch.sort((theta.T @ x.T).contiguous(), dim=1).values
+
+
+def _projections(dim: int, num_projections: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+    theta = torch.randn(dim, num_projections, generator=generator, dtype=torch.float64)
+    return theta / theta.norm(dim=0, keepdim=True)
+
+
+def _sw_sorted(px: torch.Tensor, py: torch.Tensor) -> float:
+    """Sliced W2 from row-sorted projections ``[P, N]`` and ``[P, M]``. With unequal sizes both
+    quantile functions are read at the ``min(N, M)`` mid-levels of the smaller set."""
+    if px.shape[1] != py.shape[1]:
+        n = min(px.shape[1], py.shape[1])
         q = (torch.arange(n, dtype=torch.float64) + 0.5) / n
         px, py = _quantiles(px, q), _quantiles(py, q)
     return ((px - py) ** 2).mean().sqrt().item()
 
 
 def _quantiles(sorted_vals: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    n = sorted_vals.shape[0]
+    """Linear-interpolated quantiles at levels ``q`` of each row of ``sorted_vals [P, n]``."""
+    n = sorted_vals.shape[1]
     pos = (q * n - 0.5).clamp(0, n - 1)
     lo = pos.floor().long()
     hi = (lo + 1).clamp(max=n - 1)
-    f = (pos - lo.double())[:, None]
-    return sorted_vals[lo] * (1 - f) + sorted_vals[hi] * f
+    f = (pos - lo.double())[None, :]
+    return sorted_vals[:, lo] * (1 - f) + sorted_vals[:, hi] * f
 
 
 def image_oracle(
