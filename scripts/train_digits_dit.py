@@ -32,6 +32,7 @@ def save(transformer, embedder, out: Path, meta: dict) -> DigitsPipeline:
     transformer.save_pretrained(out / "transformer", safe_serialization=True)
     embedder.save_pretrained(out / "label_embedder", safe_serialization=True)
     pipe.scheduler.save_pretrained(out / "scheduler")
+    pipe.save_config(out)  # model_index.json, so DigitsPipeline.from_pretrained(out) works
     (out / "training.json").write_text(json.dumps(meta, indent=1) + "\n")
     pipe.set_progress_bar_config(disable=True)
     return pipe

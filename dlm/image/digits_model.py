@@ -209,13 +209,28 @@ def image_grid(images: torch.Tensor, ncols: int | None = None, scale: int = 8, p
 
 
 def load_digits_pipeline(path: str | Path | None = None, device: str | torch.device = "cpu") -> DigitsPipeline:
-    """Load the shipped digits pipeline (transformer, label embedder, DDIM scheduler)."""
+    """Load the shipped digits pipeline (transformer, label embedder, DDIM scheduler).
+
+    Equivalent to ``DigitsPipeline.from_pretrained(CHECKPOINT)`` with the progress bar off.
+    """
     path = Path(path) if path is not None else CHECKPOINT
     if not (path / "transformer").exists():
         raise FileNotFoundError(f"no digits checkpoint at {path}; train one with scripts/train_digits_dit.py")
-    transformer = PixArtTransformer2DModel.from_pretrained(path / "transformer")
-    embedder = DigitsLabelEmbedder.from_pretrained(path / "label_embedder")
-    scheduler = DDIMScheduler.from_pretrained(path / "scheduler")
-    pipe = DigitsPipeline(transformer.eval(), embedder.eval(), scheduler)
+    if (path / "model_index.json").exists():  # the standard diffusers layout
+        from diffusers.utils import logging as dlogging
+
+        bar_was_on = dlogging.is_progress_bar_enabled()
+        dlogging.disable_progress_bar()  # no "Loading pipeline components" bar on the CLI's stderr
+        try:
+            pipe = DigitsPipeline.from_pretrained(path)
+        finally:
+            if bar_was_on:
+                dlogging.enable_progress_bar()
+    else:
+        pipe = DigitsPipeline(PixArtTransformer2DModel.from_pretrained(path / "transformer"),
+                              DigitsLabelEmbedder.from_pretrained(path / "label_embedder"),
+                              DDIMScheduler.from_pretrained(path / "scheduler"))
+    pipe.transformer.eval()
+    pipe.label_embedder.eval()
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
