@@ -111,6 +111,9 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -128,6 +131,10 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
                 for p in ps:
                     ax.annotate(str(p.budget), (p.nfe, p.quality), textcoords="offset points", xytext=(3, 3), fontsize=7, alpha=0.6)
         ax.set_xscale("log", base=base)
+        if base == 10:
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(xlabel)
         ax.set_ylabel("quality (% correct)")
         ax.set_ylim(-2, 102)
@@ -149,6 +156,7 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
                 ax.plot([p.tpf for p in ps], [p.quality_by_task.get(task, float("nan")) for p in ps],
                         "--" if ps[0].engine == "diffusers" else "-", marker="o", label=name)
             ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(plain)
             ax.set_title(task, fontsize=9)
             ax.set_xlabel("tokens per forward (log2)", fontsize=8)
             ax.set_ylim(-2, 102)
