@@ -375,6 +375,9 @@ def paths_search(denoiser: Denoiser, verifier, *, budget_nfe: int, num_paths: in
         history.append({"round": r + 1, "nfe": used, "best_score": s.max().item(), "grid": [i, j, k]})
         if k == S:
             final_scores, final_samples = s[keep], cand[keep].cpu()
+    if final_scores is None:  # start_index == S: no expansion rounds, plain best-of-N
+        final_scores, final_samples = verifier(x).cpu(), x.cpu()
+        history.append({"round": 0, "nfe": used, "best_score": final_scores.max().item(), "grid": [S, S, S]})
     b = int(final_scores.argmax())
     return SearchResult(final_samples[b], roots[root_of[b]], final_scores[b].item(), final_scores, final_samples,
                         used, budget, "paths", history)

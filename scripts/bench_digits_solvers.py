@@ -11,7 +11,7 @@ pndm, plms, dpmpp-2m) and diffusers' DDIM, PNDM (skip_prk_steps, i.e. PLMS), DPM
 MLP; Frechet distance to the real test digits in CNN feature space. References: DDIM with 250 steps,
 and real train digits (the floor of the FD at this sample count).
 
-Writes ``runs/digits_solvers/digits_solvers.json`` and ``docs/figures/digits_solvers.png``.
+Writes ``docs/figures/digits_solvers.json`` and ``docs/figures/digits_solvers.png``.
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def main() -> None:
     p.add_argument("--reference-steps", type=int, default=250)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--replot", type=Path, default=None, help="redraw the figure from a JSON this script wrote")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "digits_solvers")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "figures", help="folder for the JSON")
     p.add_argument("--figures", type=Path, default=ROOT / "docs" / "figures")
     args = p.parse_args()
     torch.set_num_threads(1)

@@ -14,7 +14,7 @@ verifier = exact log-density; held out: sliced Wasserstein distance to true samp
 coverage of the set of search winners (one per search).
 
 Budgets are in candidates (full denoisings): NFE = candidates x steps per sample. Writes
-``runs/noise_search/noise_search.json`` (override with --out) and
+``docs/figures/noise_search_<digits|gmm|all>[_<tag>].json`` (folder: --out) and
 ``docs/figures/noise_search_digits.png``, ``docs/figures/noise_search_gmm.png``.
 """
 from __future__ import annotations
@@ -184,12 +184,12 @@ def plot(rows, out_dir: Path, tag: str = "") -> list[str]:
             ax.set_xlabel("budget (candidates = NFE / steps)")
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
-        fig.suptitle(f"noise search on {bench}{' (' + tag + ')' if tag else ''}", fontsize=11)
-        fig.tight_layout()
         if not any(r["bench"] == bench for r in rows):
             plt.close(fig)
             continue
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"noise search on {bench}{' (' + tag + ')' if tag else ''}", fontsize=11)
+        fig.tight_layout()
         path = out_dir / f"noise_search_{bench}{'_' + tag if tag else ''}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -208,7 +208,7 @@ def main() -> None:
     p.add_argument("--only", choices=("digits", "gmm"), default=None)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--tag", default="", help="suffix for the JSON and figure names (e.g. g1)")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "noise_search")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "figures", help="folder for the JSON")
     p.add_argument("--figures", type=Path, default=ROOT / "docs" / "figures")
     args = p.parse_args()
     args.budgets = [int(b) for b in args.budgets.split(",")]
@@ -224,7 +224,7 @@ def main() -> None:
     args.figures.mkdir(parents=True, exist_ok=True)
     figs = plot(rows, args.figures, args.tag)
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    out_json = args.out / f"noise_search{'_' + args.tag if args.tag else ''}.json"
+    out_json = args.out / f"noise_search_{args.only or 'all'}{'_' + args.tag if args.tag else ''}.json"
     out_json.write_text(json.dumps({"config": cfg, "rows": rows, "figures": figs}, indent=1))
     print(f"wrote {out_json} and {', '.join(figs)}")
 

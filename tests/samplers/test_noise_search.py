@@ -111,6 +111,9 @@ def test_paths_plan_and_cost():
     assert res.scores.shape == (3,)
     with pytest.raises(ValueError):
         paths_plan(10, 4, 3, 3)
+    # a one-step grid has no room to expand: plain best-of-N, still within budget
+    one = paths_search(toy_denoiser(1), mean_verifier, budget_nfe=3, generator=torch.Generator().manual_seed(0))
+    assert one.nfe == 3 and one.scores.shape == (3,)
 
 
 def test_verifier_validation_errors_name_the_verifier():
