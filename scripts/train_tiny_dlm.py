@@ -161,7 +161,13 @@ def save(model, tok, out: Path, step: int, loss: float, args):
         shutil.rmtree(tmp)
     model_half = TinyDLMModel(model.config)
     model_half.load_state_dict(model.state_dict())
+    # bfloat16 on disk keeps the file small; the config says float32 so that loaders
+    # (AutoModel, load_tiny_dlm) upcast by default.
     model_half.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    cfg_path = tmp / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["dtype"] = "float32"
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     tok.save_pretrained(tmp)
     (tmp / "training_state.json").write_text(json.dumps(
         {"step": step, "loss": loss, "args": vars(args)}, indent=2))
