@@ -109,6 +109,9 @@ def main() -> None:
     p.add_argument("--guidance", type=float, default=3.0)
     p.add_argument("--reference-steps", type=int, default=250)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--sweep-guidance", default=None,
+                   help="instead of the NFE sweep: these guidance scales at --sweep-steps for ddim and dpmpp-2m")
+    p.add_argument("--sweep-steps", type=int, default=20)
     p.add_argument("--replot", type=Path, default=None, help="redraw the figure from a JSON this script wrote")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "figures", help="folder for the JSON")
     p.add_argument("--figures", type=Path, default=ROOT / "docs" / "figures")
@@ -147,6 +150,18 @@ def main() -> None:
                 "accuracy_cnn": digit_accuracy(out.images, labels),
                 "accuracy_mlp": digit_accuracy(out.images, labels, mlp),
                 "frechet": frechet_distance(out.images), "seconds": round(time.time() - t0, 2)}
+
+    if args.sweep_guidance:
+        rows = []
+        for g in [float(x) for x in args.sweep_guidance.split(",")]:
+            args.guidance = g
+            for name in ("ddim", "dpmpp-2m"):
+                row = {"guidance": g, **evaluate(name, args.sweep_steps)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "digits_guidance.json").write_text(json.dumps({"samples": args.samples, "rows": rows}, indent=1))
+        return
 
     split = digits_split()
     real = split.train_images[: args.samples]

@@ -168,6 +168,8 @@ def plot(rows, out_dir: Path, tag: str = "") -> list[str]:
                 ("heldout_mode_coverage", "held out: mode coverage")],
     }
     for bench, specs in panels.items():
+        if not any(r["bench"] == bench and r.get("feasible") for r in rows):
+            continue
         fig, axes = plt.subplots(1, len(specs), figsize=(4.2 * len(specs), 3.4))
         for ax, (key, title) in zip(axes, specs):
             for method, marker in zip(METHODS, "osD"):
@@ -184,9 +186,6 @@ def plot(rows, out_dir: Path, tag: str = "") -> list[str]:
             ax.set_xlabel("budget (candidates = NFE / steps)")
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
-        if not any(r["bench"] == bench for r in rows):
-            plt.close(fig)
-            continue
         axes[0].legend(fontsize=8)
         fig.suptitle(f"noise search on {bench}{' (' + tag + ')' if tag else ''}", fontsize=11)
         fig.tight_layout()
@@ -207,11 +206,16 @@ def main() -> None:
     p.add_argument("--gmm-std", type=float, default=0.1)
     p.add_argument("--only", choices=("digits", "gmm"), default=None)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--replot", type=Path, default=None, help="redraw figures from a JSON this script wrote")
     p.add_argument("--tag", default="", help="suffix for the JSON and figure names (e.g. g1)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "figures", help="folder for the JSON")
     p.add_argument("--figures", type=Path, default=ROOT / "docs" / "figures")
     args = p.parse_args()
     args.budgets = [int(b) for b in args.budgets.split(",")]
+    if args.replot is not None:
+        data = json.loads(args.replot.read_text())
+        print(plot(data["rows"], args.figures, data["config"].get("tag", "")))
+        return
     if args.quick:
         args.budgets, args.repeats, args.gmm_searches = [1, 4], 1, 10
     torch.set_num_threads(1)
@@ -222,9 +226,10 @@ def main() -> None:
         rows += bench_gmm(args)
     args.out.mkdir(parents=True, exist_ok=True)
     args.figures.mkdir(parents=True, exist_ok=True)
-    figs = plot(rows, args.figures, args.tag)
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     out_json = args.out / f"noise_search_{args.only or 'all'}{'_' + args.tag if args.tag else ''}.json"
+    out_json.write_text(json.dumps({"config": cfg, "rows": rows}, indent=1))  # before plotting: keep the numbers
+    figs = plot(rows, args.figures, args.tag)
     out_json.write_text(json.dumps({"config": cfg, "rows": rows, "figures": figs}, indent=1))
     print(f"wrote {out_json} and {', '.join(figs)}")
 
