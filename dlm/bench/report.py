@@ -12,6 +12,9 @@ COLUMNS = (("sampler", "sampler", "{}"), ("budget", "steps", "{}"), ("quality", 
            ("tokens_per_s", "tok/s", "{:.0f}"), ("seconds", "seconds", "{:.2f}"), ("peak_mem_mb", "peakMB", "{:.0f}"))
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
 def _fmt(fmt: str, value) -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -120,13 +123,17 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
     lines = _lines(result)
     cfg = result.config
     subtitle = f"{cfg['suite']} | {cfg['model']} | {result.meta['prompts']} prompts | gen {cfg['gen_length']}, block {cfg['block_length']}"
+    metric = result.meta.get("quality_metric")
+    ylabel = f"quality (100 x {metric})" if metric else "quality (% correct)"
     paths = []
     for key, xlabel, fname, base in (("nfe", "forward passes per sequence (NFE, log2)", "quality_vs_nfe.png", 2),
                                      ("seconds", "wall time for all prompts, s (log)", "quality_vs_seconds.png", 10)):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for name, ps in lines.items():
+        for i, (name, ps) in enumerate(lines.items()):
             style = "--" if ps[0].engine == "diffusers" else "-"
-            ax.plot([getattr(p, key) for p in ps], [p.quality for p in ps], style, marker="o", label=name)
+            # distinct markers and shrinking sizes keep coinciding lines visible
+            ax.plot([getattr(p, key) for p in ps], [p.quality for p in ps], style, marker=MARKERS[i % len(MARKERS)],
+                    markersize=max(3, 9 - i), linewidth=max(0.8, 2.2 - 0.2 * i), label=name)
             if key == "nfe":
                 for p in ps:
                     ax.annotate(str(p.budget), (p.nfe, p.quality), textcoords="offset points", xytext=(3, 3), fontsize=7, alpha=0.6)
@@ -136,7 +143,7 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
         ax.xaxis.set_major_formatter(plain)
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("quality (% correct)")
+        ax.set_ylabel(ylabel)
         ax.set_ylim(-2, 102)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_title(f"quality vs {'NFE' if key == 'nfe' else 'wall time'}\n{subtitle}", fontsize=9)
