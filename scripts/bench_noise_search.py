@@ -152,7 +152,7 @@ def bench_gmm(args) -> list[dict]:
     return rows
 
 
-def plot(rows, out_dir: Path, tag: str = "") -> list[str]:
+def plot(rows, out_dir: Path, tag: str = "", cfg: dict | None = None) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,7 +187,10 @@ def plot(rows, out_dir: Path, tag: str = "") -> list[str]:
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
-        fig.suptitle(f"noise search on {bench}{' (' + tag + ')' if tag else ''}", fontsize=11)
+        detail = ""
+        if cfg:
+            detail = f", DDIM {cfg.get('steps')} steps" + (f", guidance {cfg.get('guidance')}" if bench == "digits" else "")
+        fig.suptitle(f"noise search on {bench}{detail}{' [' + tag + ']' if tag else ''}", fontsize=11)
         fig.tight_layout()
         path = out_dir / f"noise_search_{bench}{'_' + tag if tag else ''}.png"
         fig.savefig(path, dpi=110)
@@ -214,7 +217,7 @@ def main() -> None:
     args.budgets = [int(b) for b in args.budgets.split(",")]
     if args.replot is not None:
         data = json.loads(args.replot.read_text())
-        print(plot(data["rows"], args.figures, data["config"].get("tag", "")))
+        print(plot(data["rows"], args.figures, data["config"].get("tag", ""), data["config"]))
         return
     if args.quick:
         args.budgets, args.repeats, args.gmm_searches = [1, 4], 1, 10
@@ -229,7 +232,7 @@ def main() -> None:
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     out_json = args.out / f"noise_search_{args.only or 'all'}{'_' + args.tag if args.tag else ''}.json"
     out_json.write_text(json.dumps({"config": cfg, "rows": rows}, indent=1))  # before plotting: keep the numbers
-    figs = plot(rows, args.figures, args.tag)
+    figs = plot(rows, args.figures, args.tag, cfg)
     out_json.write_text(json.dumps({"config": cfg, "rows": rows, "figures": figs}, indent=1))
     print(f"wrote {out_json} and {', '.join(figs)}")
 
