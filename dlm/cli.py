@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "dlm.commands.sample",
     "dlm.commands.models",
     "dlm.commands.bench",
+    "dlm.commands.image",
 ]
 
 
