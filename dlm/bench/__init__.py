@@ -7,13 +7,13 @@
 CLI: `dlm bench --model tiny-dlm --suite list_edits --samplers confidence,threshold --steps 8,16,32,64`.
 """
 from dlm.bench.diffusers_llada2 import BASELINES, DiffusersModelWrapper, DiffusersTokenizerWrapper, build_pipeline, run_llada2
-from dlm.bench.harness import (BenchConfig, BenchResult, PairResult, SamplerSpec, load_model, parse_sampler_specs,
-                               parse_steps, resolve_suite, run_bench, summarize_targets)
-from dlm.bench.report import format_table, plot_results, write_all, write_csv, write_json
+from dlm.bench.harness import (BenchConfig, BenchResult, PairResult, SamplerSpec, compare_to_baselines, load_model,
+                               parse_sampler_specs, parse_steps, resolve_suite, run_bench, summarize_targets)
+from dlm.bench.report import format_markdown, format_table, load_result, plot_results, write_all, write_csv, write_json
 
 __all__ = [
-    "BASELINES", "BenchConfig", "BenchResult", "DiffusersModelWrapper", "DiffusersTokenizerWrapper", "PairResult",
-    "SamplerSpec", "build_pipeline", "format_table", "load_model", "parse_sampler_specs", "parse_steps",
+    "BASELINES", "BenchConfig", "compare_to_baselines", "BenchResult", "DiffusersModelWrapper", "DiffusersTokenizerWrapper", "PairResult",
+    "SamplerSpec", "build_pipeline", "format_markdown", "format_table", "load_result", "load_model", "parse_sampler_specs", "parse_steps",
     "plot_results", "resolve_suite", "run_bench", "run_llada2", "summarize_targets", "write_all", "write_csv",
     "write_json",
 ]
