@@ -16,6 +16,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def quiet_transformers() -> None:
+    """Keep stderr for our own progress and errors: no weight-loading bars from transformers."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+
+
 def seeded_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

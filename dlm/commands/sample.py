@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from dlm.commands._common import add_decoding_arguments, positive_int, seeded_generator
+from dlm.commands._common import add_decoding_arguments, positive_int, quiet_transformers, seeded_generator
+from dlm.schedule import validate_lengths
 
 DEFAULT_PROMPT = "sort: tom fay ivy gus bo wes"
 
@@ -25,9 +26,15 @@ def run(args) -> int:
     from samplers import get_sampler
     import dlm
 
-    get_sampler(args.sampler)  # unknown names fail before the model loads
+    # Mistakes that need no model are reported before the (slow) load.
+    get_sampler(args.sampler)
     if not args.prompt.strip():
         raise ValueError("--prompt is empty; give some text to respond to")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0 (0 is greedy), got {args.temperature}")
+    block_length = args.block_length or args.gen_length
+    validate_lengths(args.gen_length, block_length, args.steps or args.gen_length)
+    quiet_transformers()
     pipe = dlm.DLMPipeline.from_pretrained(args.model)
     out = pipe(args.prompt, num_inference_steps=args.steps, gen_length=args.gen_length, block_length=args.block_length,
                sampler=args.sampler, temperature=args.temperature, generator=seeded_generator(args.seed),
