@@ -230,3 +230,19 @@ def randn_like_gen(shape, generator, device, dtype) -> torch.Tensor:
     from diffusers.utils.torch_utils import randn_tensor
 
     return randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+
+
+class VPNoiseMixin:
+    """The forward-process half of the diffusers scheduler contract, shared by the VP solvers.
+
+    Needs `self.alphas_cumprod` and `self.config.num_train_timesteps`.
+    """
+
+    def add_noise(self, original_samples, noise, timesteps):
+        return add_noise_vp(self.alphas_cumprod, original_samples, noise, timesteps)
+
+    def get_velocity(self, sample, noise, timesteps):
+        return velocity_vp(self.alphas_cumprod, sample, noise, timesteps)
+
+    def __len__(self):
+        return self.config.num_train_timesteps

@@ -24,17 +24,16 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from samplers._vp import (
+    VPNoiseMixin,
     VP_COMPATIBLES,
     SampleResult,
     SolverOutput,
-    add_noise_vp,
     as_index,
     check_off,
     check_prediction_type,
     make_alphas_cumprod,
     randn_like_gen,
     to_eps_x0,
-    velocity_vp,
     vp_timesteps,
 )
 
@@ -51,7 +50,7 @@ def ddim_update(x, eps, x0, a: float, a_prev: float, eta: float = 0.0, noise=Non
     return out
 
 
-class DDIMSolver(SchedulerMixin, ConfigMixin):
+class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     """DDIM as a diffusers scheduler. Config keys are those of diffusers' ``DDIMScheduler``.
 
     ``eta`` (config, default 0) is used when ``step`` gets no ``eta``; pipelines such as
@@ -146,15 +145,6 @@ class DDIMSolver(SchedulerMixin, ConfigMixin):
         if not return_dict:
             return (prev, x0)
         return SolverOutput(prev_sample=prev, pred_original_sample=x0)
-
-    def add_noise(self, original_samples, noise, timesteps):
-        return add_noise_vp(self.alphas_cumprod, original_samples, noise, timesteps)
-
-    def get_velocity(self, sample, noise, timesteps):
-        return velocity_vp(self.alphas_cumprod, sample, noise, timesteps)
-
-    def __len__(self):
-        return self.config.num_train_timesteps
 
 
 def sample_ddim(

@@ -29,17 +29,16 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from samplers._vp import (
+    VPNoiseMixin,
     VP_COMPATIBLES,
     SampleResult,
     SolverOutput,
     TIMESTEP_SPACINGS,
-    add_noise_vp,
     as_index,
     check_off,
     check_prediction_type,
     make_alphas_cumprod,
     to_eps_x0,
-    velocity_vp,
 )
 
 
@@ -101,7 +100,7 @@ def dpmpp_2m_update(x, x0, x0_prev, a_s: float, a_t: float, a_prev: Optional[flo
     return (sigma_t / sigma_s) * x + alpha_t * (1.0 - emh) * D
 
 
-class DPMSolverPP2M(SchedulerMixin, ConfigMixin):
+class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     """DPM-Solver++ 2M as a diffusers scheduler; config keys follow ``DPMSolverMultistepScheduler``.
 
     Only the deterministic data-prediction, order-2, midpoint configuration is implemented; loading a
@@ -228,15 +227,6 @@ class DPMSolverPP2M(SchedulerMixin, ConfigMixin):
         if not return_dict:
             return (prev,)
         return SolverOutput(prev_sample=prev, pred_original_sample=x0)
-
-    def add_noise(self, original_samples, noise, timesteps):
-        return add_noise_vp(self.alphas_cumprod, original_samples, noise, timesteps)
-
-    def get_velocity(self, sample, noise, timesteps):
-        return velocity_vp(self.alphas_cumprod, sample, noise, timesteps)
-
-    def __len__(self):
-        return self.config.num_train_timesteps
 
 
 def sample_dpmpp_2m(

@@ -38,14 +38,13 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from samplers._vp import (
+    VPNoiseMixin,
     VP_COMPATIBLES,
     SampleResult,
     SolverOutput,
-    add_noise_vp,
     check_prediction_type,
     make_alphas_cumprod,
     to_eps_x0,
-    velocity_vp,
     vp_timesteps,
 )
 
@@ -119,7 +118,7 @@ def _plan(ts: Sequence[int], skip_prk_steps: bool):
     return plan, nxt, mid
 
 
-class PNDMSolver(SchedulerMixin, ConfigMixin):
+class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     """PNDM / PLMS as a diffusers scheduler; config keys are those of diffusers' ``PNDMScheduler``.
 
     ``timesteps`` lists one entry per model call (so it is longer than ``num_inference_steps``: ``N + 9``
@@ -272,15 +271,6 @@ class PNDMSolver(SchedulerMixin, ConfigMixin):
         self._grid = [int(t) for t in ts]
         self._plan, self._next, self._mid = _plan(self._grid, self.config.skip_prk_steps)
         self.timesteps = torch.tensor([p[0] for p in self._plan], dtype=torch.int64, device=device)
-
-    def add_noise(self, original_samples, noise, timesteps):
-        return add_noise_vp(self.alphas_cumprod, original_samples, noise, timesteps)
-
-    def get_velocity(self, sample, noise, timesteps):
-        return velocity_vp(self.alphas_cumprod, sample, noise, timesteps)
-
-    def __len__(self):
-        return self.config.num_train_timesteps
 
 
 def sample_pndm(
