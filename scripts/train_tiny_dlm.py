@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -40,6 +41,21 @@ TASK_WEIGHTS = {
     "replace_index": 1.0, "shuffle": 0.7, "insert_random": 0.7, "replace_random": 0.7,
     "arithmetic": 2.0, "sudoku": 1.5, "latin": 1.5,
 }
+
+
+def learn_word_vocabulary(tasks, min_count: int, samples_per_task: int = 400, seed: int = 12345) -> list[str]:
+    """Lowercase words (2+ letters) seen at least `min_count` times in training examples.
+
+    Only the train split is read, so no test prompt shapes the vocabulary. Sorted for stability.
+    """
+    counts: dict[str, int] = {}
+    rng = random.Random(seed)
+    for task in tasks:
+        for _ in range(samples_per_task):
+            ex = sample_train_example(task, rng)
+            for word in re.findall(r"[a-z]{2,}", ex.prompt + " " + ex.answer):
+                counts[word] = counts.get(word, 0) + 1
+    return sorted(w for w, c in counts.items() if c >= min_count)
 
 
 def sample_train_example(task, rng: random.Random):
@@ -202,15 +218,21 @@ def main(argv=None):
     ap.add_argument("--eval-every-min", type=float, default=8.0)
     ap.add_argument("--save-every-min", type=float, default=5.0)
     ap.add_argument("--eval-n", type=int, default=4)
-    ap.add_argument("--init", default=None, help="resume weights from a checkpoint dir")
+    ap.add_argument("--init", default=None, help="resume weights (and tokenizer) from a checkpoint dir")
+    ap.add_argument("--word-min-count", type=int, default=3,
+                    help="words seen this often in training data become single tokens (0: characters only)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    tok = TinyCharTokenizer()
     tasks = get_suite(args.tasks)
+    if args.init:
+        tok = TinyCharTokenizer.from_pretrained(args.init)
+    else:
+        tok = TinyCharTokenizer(words=learn_word_vocabulary(tasks, args.word_min_count) if args.word_min_count else ())
+    print(f"vocabulary {tok.vocab_size} tokens ({len(tok.words)} whole words)", flush=True)
     weights = [TASK_WEIGHTS.get(t.name, 1.0) for t in tasks]
     cfg = TinyDLMConfig(
         vocab_size=tok.vocab_size, hidden_size=args.hidden_size, num_hidden_layers=args.layers,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -26,20 +27,36 @@ CHARACTERS = (
 
 TOKENIZER_FILE = "tokenizer.json"
 
+# Whole lowercase words may be single tokens (a word vocabulary learned from the training data by
+# scripts/train_tiny_dlm.py); anything else, and any word not in the vocabulary, is spelled out in
+# characters, so every text over the alphabet round-trips.
+_WORD = re.compile(r"[a-z]+")
+_PIECES = re.compile(r"[a-z]+|[^a-z]+")
+
 
 class TinyCharTokenizer:
-    """Character tokenizer with a minimal Hugging Face-like interface.
+    """Character tokenizer, with optional whole-word tokens, and a minimal Hugging Face-like interface.
+
+    Whole-word tokens shorten sequences about threefold on the task suites and turn copying a
+    name into copying one token, which a model this small learns far sooner than spelling it out.
 
     `encode` never adds special tokens (a masked-diffusion prompt has no BOS); the flag is
     accepted for interface compatibility only. Unknown characters raise `ValueError`.
     """
 
-    def __init__(self, characters: str = CHARACTERS):
+    def __init__(self, characters: str = CHARACTERS, words: Sequence[str] = ()):
         if len(set(characters)) != len(characters):
             raise ValueError("tokenizer characters must be distinct")
+        words = tuple(words)
+        bad = [w for w in words if not _WORD.fullmatch(w) or len(w) < 2]
+        if bad or len(set(words)) != len(words):
+            raise ValueError(f"tokenizer words must be distinct runs of 2+ lowercase letters, got {bad or 'duplicates'}")
         self.characters = characters
-        self._itos: list[str] = list(SPECIAL_TOKENS) + list(characters)
+        self.words = words
+        # Words come after the characters, so character ids are the same with or without words.
+        self._itos: list[str] = list(SPECIAL_TOKENS) + list(characters) + list(words)
         self._stoi: dict[str, int] = {s: i for i, s in enumerate(self._itos)}
+        self._word_ids = {w: self._stoi[w] for w in words}
         self.pad_token, self.mask_token, self.eos_token = SPECIAL_TOKENS
         self.pad_token_id = 0
         self.mask_token_id = 1
@@ -65,7 +82,17 @@ class TinyCharTokenizer:
         if not isinstance(text, str):
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
         ids = []
-        for pos, ch in enumerate(text):
+        for match in _PIECES.finditer(text):
+            word_id = self._word_ids.get(match.group())
+            if word_id is not None:
+                ids.append(word_id)
+                continue
+            ids.extend(self._encode_chars(match.group(), match.start()))
+        return ids
+
+    def _encode_chars(self, text: str, offset: int) -> list[int]:
+        ids = []
+        for pos, ch in enumerate(text, start=offset):
             i = self._stoi.get(ch)
             if i is None or i < len(SPECIAL_TOKENS):
                 raise ValueError(
@@ -112,6 +139,7 @@ class TinyCharTokenizer:
             "tokenizer_class": "TinyCharTokenizer",
             "special_tokens": list(SPECIAL_TOKENS),
             "characters": self.characters,
+            "words": list(self.words),
             "pad_token_id": self.pad_token_id,
             "mask_token_id": self.mask_token_id,
             "eos_token_id": self.eos_token_id,
@@ -128,7 +156,7 @@ class TinyCharTokenizer:
         spec = json.loads(path.read_text())
         if spec.get("special_tokens") != list(SPECIAL_TOKENS):
             raise ValueError(f"{path}: unexpected special tokens {spec.get('special_tokens')}")
-        return cls(spec["characters"])
+        return cls(spec["characters"], spec.get("words", ()))
 
     def pad_batch(self, batch: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[list[int]]]:
         """Left-pad id lists to one length; returns (input_ids, attention_mask)."""

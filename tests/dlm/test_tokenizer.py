@@ -63,3 +63,27 @@ def test_pad_batch(tok):
     ids, att = tok.pad_batch([[5, 6, 7], [8]])
     assert ids == [[5, 6, 7], [0, 0, 8]]
     assert att == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_whole_words_round_trip_and_keep_character_ids():
+    from dlm.tiny.tokenizer import TinyCharTokenizer
+    plain, worded = TinyCharTokenizer(), TinyCharTokenizer(words=["copy", "ana", "bo"])
+    text = "copy: ana bob bo anna\n3+5=8."
+    ids = worded.encode(text)
+    assert worded.decode(ids) == text
+    assert len(ids) < len(plain.encode(text))
+    assert worded.encode("bob") == plain.encode("bob")  # unknown words are spelled out
+    assert worded.encode("ana") == [worded.vocab_size - 2]  # one token, after all characters
+
+
+def test_word_vocabulary_is_saved(tmp_path):
+    from dlm.tiny.tokenizer import TinyCharTokenizer
+    TinyCharTokenizer(words=["tom", "kai"]).save_pretrained(tmp_path)
+    assert TinyCharTokenizer.from_pretrained(tmp_path).words == ("tom", "kai")
+
+
+@pytest.mark.parametrize("words", [["a"], ["Tom"], ["tom", "tom"], ["to m"]])
+def test_bad_word_lists_are_refused(words):
+    from dlm.tiny.tokenizer import TinyCharTokenizer
+    with pytest.raises(ValueError, match="words"):
+        TinyCharTokenizer(words=words)
