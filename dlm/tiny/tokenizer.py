@@ -1,8 +1,10 @@
-"""Character-level tokenizer of the built-in tiny masked-diffusion LM.
+"""Tokenizer of the built-in tiny masked-diffusion LM: characters plus whole words.
 
-One token per character over a fixed, explicit alphabet, after three special tokens. The id of
-every token is part of the checkpoint's contract, so the alphabet below is append-only: never
-reorder it, only add characters at the end (and retrain).
+Three special tokens, then one token per character of a fixed, explicit alphabet, then (optional)
+whole lowercase words learned from the training split. Any text over the alphabet round-trips: a
+word outside the vocabulary is spelled out in characters. Token ids are part of the checkpoint's
+contract, so the alphabet is append-only: never reorder it, only add characters at the end (and
+retrain); the word list is saved with the checkpoint.
 """
 from __future__ import annotations
 
