@@ -66,7 +66,8 @@ def sample_train_example(task, rng: random.Random):
 
 
 def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_ar: float,
-                no_sep: float, gen: torch.Generator, short_resp: float = 0.0):
+                no_sep: float, gen: torch.Generator, short_resp: float = 0.0,
+                full_mask: float = 0.0):
     """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
 
     With probability `short_resp` the whole batch uses a shorter response (its longest answer plus
@@ -96,6 +97,11 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
 
     eps = 1e-3
     t = eps + (1 - eps) * torch.rand(B, generator=gen)
+    # Rows with the whole response masked (t = 1): in small from-scratch runs the mechanism that
+    # locates the source of a copied token emerged much sooner with fully masked responses than
+    # with partly masked ones (probe on a toy copy task), so a share of them can be mixed in.
+    if full_mask > 0:
+        t = torch.where(torch.rand(B, generator=gen) < full_mask, torch.ones(B), t)
     u = torch.rand(B, R, generator=gen)
     mask = u < t[:, None]
     # semi-autoregressive rows
@@ -209,6 +215,8 @@ def main(argv=None):
                     help="wall-time cap; the cosine schedule is laid out over this time")
     ap.add_argument("--semi-ar", type=float, default=0.4)
     ap.add_argument("--no-sep", type=float, default=0.1)
+    ap.add_argument("--full-mask", type=float, default=0.0,
+                    help="fraction of (non semi-AR) rows whose whole response is masked (t = 1)")
     ap.add_argument("--short-resp", type=float, default=0.5,
                     help="fraction of batches trained with a response cut to answer + 1-8 EOS")
     ap.add_argument("--tasks", default="all")
@@ -271,7 +279,8 @@ def main(argv=None):
         for g in opt.param_groups:
             g["lr"] = lr
         x, clean, att, w, P = build_batch(tasks, weights, tok, rng, args.batch_size,
-                                          args.semi_ar, args.no_sep, gen, args.short_resp)
+                                          args.semi_ar, args.no_sep, gen, args.short_resp,
+                                          args.full_mask)
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")
         loss = (ce.view_as(w) * w).sum() / x.shape[0]
