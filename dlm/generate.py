@@ -226,6 +226,10 @@ def generate(
     device = input_ids.device
     x = torch.cat([input_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long, device=device)], dim=1)
     full_mask, positions = _full_attention(attention_mask, gen_length)
+    model_positions = getattr(adapter.model, "dlm_position_ids", None)
+    if model_positions is not None:
+        # The model defines its own position scheme; computed once, since the prompt never changes.
+        positions = model_positions(x, full_mask)
     active = torch.ones(batch, dtype=torch.bool, device=device)
     state = policy.init_state(batch, total_length, device)
     trace: list[StepTrace] = []

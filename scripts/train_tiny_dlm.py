@@ -214,7 +214,7 @@ def main(argv=None):
     ap.add_argument("--max-minutes", type=float, default=50.0,
                     help="wall-time cap; the cosine schedule is laid out over this time")
     ap.add_argument("--semi-ar", type=float, default=0.4)
-    ap.add_argument("--no-sep", type=float, default=0.1)
+    ap.add_argument("--no-sep", type=float, default=0.0)
     ap.add_argument("--full-mask", type=float, default=0.0,
                     help="fraction of (non semi-AR) rows whose whole response is masked (t = 1)")
     ap.add_argument("--short-resp", type=float, default=0.5,
@@ -227,6 +227,8 @@ def main(argv=None):
     ap.add_argument("--save-every-min", type=float, default=5.0)
     ap.add_argument("--eval-n", type=int, default=4)
     ap.add_argument("--init", default=None, help="resume weights (and tokenizer) from a checkpoint dir")
+    ap.add_argument("--restart-positions", type=int, default=1,
+                    help="1: rotary positions restart after the prompt separator (see dlm_position_ids)")
     ap.add_argument("--word-min-count", type=int, default=3,
                     help="words seen this often in training data become single tokens (0: characters only)")
     args = ap.parse_args(argv)
@@ -246,7 +248,8 @@ def main(argv=None):
         vocab_size=tok.vocab_size, hidden_size=args.hidden_size, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, intermediate_size=args.intermediate,
         max_position_embeddings=192, mask_token_id=tok.mask_token_id,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        position_restart_token_id=tok.encode(PROMPT_SUFFIX)[0] if args.restart_positions else None)
     if args.init:
         model = TinyDLMModel.from_pretrained(args.init, dtype=torch.float32)
     else:

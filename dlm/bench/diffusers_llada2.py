@@ -85,7 +85,11 @@ class DiffusersModelWrapper(torch.nn.Module):
         self.windows.append(int(input_ids.shape[1]))
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(f"expected a 2-D attention mask from LLaDA2Pipeline, got shape {tuple(attention_mask.shape)}")
-        if attention_mask is not None and self.positions_from_mask:
+        own_positions = getattr(self.model, "dlm_position_ids", None)
+        if own_positions is not None:
+            # The pipeline's window always starts at position 0, so the model's own scheme applies.
+            position_ids = own_positions(input_ids, attention_mask)
+        elif attention_mask is not None and self.positions_from_mask:
             position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # the model was trained without a mask; all-ones adds nothing

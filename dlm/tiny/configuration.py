@@ -28,6 +28,7 @@ class TinyDLMConfig(PretrainedConfig):
         eos_token_id: int = 2,
         pad_token_id: int = 0,
         tie_word_embeddings: bool = True,
+        position_restart_token_id: int | None = None,
         **kwargs,
     ):
         if hidden_size % num_attention_heads:
@@ -49,6 +50,9 @@ class TinyDLMConfig(PretrainedConfig):
         self.rms_norm_eps = rms_norm_eps
         self.initializer_range = initializer_range
         self.mask_token_id = mask_token_id
+        # When set, rotary positions restart at 0 after the first occurrence of this token (the
+        # prompt/response separator): see `TinyDLMModel.dlm_position_ids`.
+        self.position_restart_token_id = position_restart_token_id
         super().__init__(
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
