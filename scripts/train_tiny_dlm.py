@@ -1,16 +1,21 @@
-"""Train the built-in tiny masked-diffusion LM on the task suites (masked-diffusion SFT, LLaDA style).
+"""Train the built-in tiny masked-diffusion LM on the task suites (masked-diffusion SFT).
 
-Sequence: prompt + "\\n" (the separator is dropped for a small fraction of examples so raw prompts
-still work) + answer + <eos> padding the response to R = 64 tokens. Only response tokens are masked:
-  - random pattern: t ~ U(eps, 1), each response position masked with probability t;
+Sequence: prompt + "\\n" + answer + <eos> padding the response to R = 64 tokens (names and words
+are single tokens, see `learn_word_vocabulary`; rotary positions restart after the separator, see
+`TinyDLMModel.dlm_position_ids`). Only response tokens are masked:
+  - random pattern: t ~ U(--min-mask-ratio, 1), each response position masked with probability t;
   - semi-autoregressive pattern (a fraction `--semi-ar`): block size b in {8, 16, 32}, a clean
     prefix of k*b response tokens, random masking (prob t) inside the next block, everything after
     it fully masked, as blockwise left-to-right decoding sees it.
-Loss: cross-entropy on masked positions, weighted 1/t and normalised by R (LLaDA); for the
-semi-AR pattern t is the fraction of the response actually masked.
-Fresh training-split examples are generated on the fly.
+Loss: cross-entropy on masked positions, averaged over them (`--loss-weighting mean`, default), or
+LLaDA's 1/t weighting normalised by R (`inverse-t`).
 
-    python scripts/train_tiny_dlm.py --out /tmp/tiny_dlm_run --max-minutes 50
+Why not LLaDA's recipe as is: at this size and CPU budget, t ~ U(0, 1) with 1/t weighting never
+learned to copy from the prompt (0% on every task after 3,400 steps; on a toy copy task 14% after
+300 steps), while t ~ U(0.5, 1) with a plain mean reached 100% on the toy task by step 200. Fresh
+training-split examples are generated on the fly.
+
+    python scripts/train_tiny_dlm.py --out /tmp/tiny_dlm_run --max-minutes 26 --threads 1
 """
 from __future__ import annotations
 
@@ -67,7 +72,7 @@ def sample_train_example(task, rng: random.Random):
 
 def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_ar: float,
                 no_sep: float, gen: torch.Generator, short_resp: float = 0.0,
-                full_mask: float = 0.0):
+                full_mask: float = 0.0, min_mask_ratio: float = 0.5, loss_weighting: str = "mean"):
     """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
 
     With probability `short_resp` the whole batch uses a shorter response (its longest answer plus
@@ -95,8 +100,7 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
         clean[i, P:] = torch.tensor(r)
         att[i, P - len(p):] = 1
 
-    eps = 1e-3
-    t = eps + (1 - eps) * torch.rand(B, generator=gen)
+    t = min_mask_ratio + (1 - min_mask_ratio) * torch.rand(B, generator=gen)
     # Rows with the whole response masked (t = 1): in small from-scratch runs the mechanism that
     # locates the source of a copied token emerged much sooner with fully masked responses than
     # with partly masked ones (probe on a toy copy task), so a share of them can be mixed in.
@@ -121,7 +125,10 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
         mask[none, j[none]] = True
     frac = mask.float().mean(1)
     t_eff = torch.where(semi, frac, t)
-    w = mask.float() / (t_eff[:, None] * R)
+    if loss_weighting == "inverse-t":  # LLaDA's ELBO weighting
+        w = mask.float() / (t_eff[:, None] * R)
+    else:  # plain mean over the masked tokens of the batch (times B: the caller divides by B)
+        w = mask.float() * B / mask.sum().clamp_min(1)
 
     x = clean.clone()
     x[:, P:][mask] = tok.mask_token_id
@@ -215,6 +222,11 @@ def main(argv=None):
                     help="wall-time cap; the cosine schedule is laid out over this time")
     ap.add_argument("--semi-ar", type=float, default=0.4)
     ap.add_argument("--no-sep", type=float, default=0.0)
+    ap.add_argument("--min-mask-ratio", type=float, default=0.5,
+                    help="mask ratio t ~ U(min, 1). LLaDA uses ~0; on a toy copy task with this model, "
+                         "U(0.5, 1) with --loss-weighting mean reached 100%% copy accuracy by step 200 "
+                         "while U(0, 1) with 1/t weighting was at 14%% after 300")
+    ap.add_argument("--loss-weighting", choices=("mean", "inverse-t"), default="mean")
     ap.add_argument("--full-mask", type=float, default=0.0,
                     help="fraction of (non semi-AR) rows whose whole response is masked (t = 1)")
     ap.add_argument("--short-resp", type=float, default=0.5,
@@ -283,7 +295,7 @@ def main(argv=None):
             g["lr"] = lr
         x, clean, att, w, P = build_batch(tasks, weights, tok, rng, args.batch_size,
                                           args.semi_ar, args.no_sep, gen, args.short_resp,
-                                          args.full_mask)
+                                          args.full_mask, args.min_mask_ratio, args.loss_weighting)
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")
         loss = (ce.view_as(w) * w).sum() / x.shape[0]
