@@ -36,7 +36,7 @@ def test_sample_json_has_the_promised_fields(capsys):
     (["--model", "no-such-model"], "unknown model"),
     (["--temperature", "-1"], "temperature"),
     (["--prompt", "  "], "empty"),
-    (["--prompt", "copy: " + "ana " * 40], "exceeds the model's context"),
+    (["--prompt", "copy: " + "x " * 80], "exceeds the model's context"),
     (["--prompt", "Ünïcode"], "not in the tiny-dlm alphabet"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, fragment):
