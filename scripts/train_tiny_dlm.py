@@ -48,6 +48,17 @@ TASK_WEIGHTS = {
 }
 
 
+def task_weights(overrides: str) -> dict[str, float]:
+    """TASK_WEIGHTS with 'name=weight,...' overrides applied."""
+    weights = dict(TASK_WEIGHTS)
+    for item in filter(None, (part.strip() for part in overrides.split(","))):
+        name, _, value = item.partition("=")
+        if name not in weights or not value:
+            raise ValueError(f"--task-weights: bad entry {item!r}; use name=weight with a name from {sorted(weights)}")
+        weights[name] = float(value)
+    return weights
+
+
 def learn_word_vocabulary(tasks, min_count: int, samples_per_task: int = 400, seed: int = 12345) -> list[str]:
     """Lowercase words (2+ letters) seen at least `min_count` times in training examples.
 
@@ -232,6 +243,8 @@ def main(argv=None):
     ap.add_argument("--short-resp", type=float, default=0.5,
                     help="fraction of batches trained with a response cut to answer + 1-8 EOS")
     ap.add_argument("--tasks", default="all")
+    ap.add_argument("--task-weights", default="",
+                    help="overrides of the sampling weights, e.g. 'copy=1.5,sudoku=0.75'")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=20)
@@ -255,7 +268,7 @@ def main(argv=None):
     else:
         tok = TinyCharTokenizer(words=learn_word_vocabulary(tasks, args.word_min_count) if args.word_min_count else ())
     print(f"vocabulary {tok.vocab_size} tokens ({len(tok.words)} whole words)", flush=True)
-    weights = [TASK_WEIGHTS.get(t.name, 1.0) for t in tasks]
+    weights = [task_weights(args.task_weights).get(t.name, 1.0) for t in tasks]
     cfg = TinyDLMConfig(
         vocab_size=tok.vocab_size, hidden_size=args.hidden_size, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, intermediate_size=args.intermediate,

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Reproduce the tiny-dlm tables and figures of docs/benchmarks.md (CPU, one thread, ~30 min).
+#
+#   bash scripts/bench_tiny_dlm.sh [OUT_DIR]        # default runs/docs
+#
+# 1. every baseline sampler on every task suite at three budgets (the per-sampler frontier);
+# 2. list edits and arithmetic with the KV caches beside diffusers' LLaDA2Pipeline (equal-quality
+#    wall-time and NFE ratios, and the ParallelBench copy-vs-shuffle view);
+# 3. per-task accuracy of the checkpoint at one token per step (scripts/eval_tiny_dlm.py).
+set -euo pipefail
+out="${1:-runs/docs}"
+mkdir -p "$out"
+
+dlm bench --suite all --samplers random,confidence,margin,entropy,threshold,eb \
+    --steps 16,32,64 --limit 16 --threads 1 --out "$out/all" --json > "$out/all.json"
+
+for suite in list_edits arithmetic; do
+    dlm bench --suite "$suite" \
+        --samplers confidence,confidence:kv=prefix,confidence:kv=dual,threshold,threshold:kv=dual,diffusers-llada2,diffusers-llada2-thr \
+        --steps 8,16,32,64 --limit 16 --threads 1 --out "$out/$suite" --json > "$out/$suite.json"
+done
+
+python scripts/eval_tiny_dlm.py --n 50 --json "$out/eval_tiny_dlm.json"

@@ -1,0 +1,64 @@
+"""The training script only ever sees the train split, and its task-weight option fails loudly."""
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlm.tasks import PROMPT_SUFFIX, get_suite, split_of
+from dlm.tiny import TinyCharTokenizer
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_tiny_dlm.py"
+
+
+@pytest.fixture(scope="module")
+def train_script():
+    spec = importlib.util.spec_from_file_location("train_tiny_dlm", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_batches_hold_only_train_split_prompts(train_script):
+    tasks = get_suite("all")
+    tok = TinyCharTokenizer()
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(3):
+        x, clean, att, weights, P = train_script.build_batch(
+            tasks, [1.0] * len(tasks), tok, rng, batch_size=24, semi_ar=0.4, no_sep=0.0, gen=gen)
+        for row, keep in zip(clean[:, :P].tolist(), att[:, :P].tolist()):
+            prompt = tok.decode([t for t, k in zip(row, keep) if k])
+            assert prompt.endswith(PROMPT_SUFFIX)
+            prompt = prompt[: -len(PROMPT_SUFFIX)]
+            assert split_of(prompt) == "train", prompt
+            seen.add(prompt)
+        # the loss only looks at masked response positions
+        assert (weights[:, :P] == 0).all()
+        assert ((weights[:, P:] > 0) == (x[:, P:] == tok.mask_token_id)).all()
+    assert len(seen) > 60  # fresh examples, not a handful repeated
+
+
+def test_word_vocabulary_is_learned_from_train_split_only(train_script, monkeypatch):
+    calls = []
+    original = train_script.sample_train_example
+
+    def spy(task, rng):
+        ex = original(task, rng)
+        calls.append(ex.prompt)
+        return ex
+
+    monkeypatch.setattr(train_script, "sample_train_example", spy)
+    words = train_script.learn_word_vocabulary(get_suite("list_edits"), min_count=3, samples_per_task=8)
+    assert calls and all(split_of(p) == "train" for p in calls)
+    assert "copy" in words and "reverse" in words
+
+
+def test_task_weight_overrides(train_script):
+    weights = train_script.task_weights("copy=1.5, sudoku=0.25")
+    assert weights["copy"] == 1.5 and weights["sudoku"] == 0.25
+    assert weights["reverse"] == train_script.TASK_WEIGHTS["reverse"]
+    for bad in ("nosuchtask=1", "copy", "copy="):
+        with pytest.raises(ValueError, match="--task-weights"):
+            train_script.task_weights(bad)
