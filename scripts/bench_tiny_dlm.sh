@@ -12,12 +12,12 @@ out="${1:-runs/docs}"
 mkdir -p "$out"
 
 dlm bench --suite all --samplers random,confidence,margin,entropy,threshold,eb \
-    --steps 16,32,64 --limit 16 --threads 1 --out "$out/all" --json > "$out/all.json"
+    --steps 16,32,64 --limit 8 --threads 1 --out "$out/all" --json > "$out/all.json"
 
 for suite in list_edits arithmetic; do
     dlm bench --suite "$suite" \
         --samplers confidence,confidence:kv=prefix,confidence:kv=dual,threshold,threshold:kv=dual,diffusers-llada2,diffusers-llada2-thr \
-        --steps 8,16,32,64 --limit 16 --threads 1 --out "$out/$suite" --json > "$out/$suite.json"
+        --steps 2,4,8,16,32,64 --limit 16 --threads 1 --out "$out/$suite" --json > "$out/$suite.json"
 done
 
 python scripts/eval_tiny_dlm.py --n 50 --json "$out/eval_tiny_dlm.json"
