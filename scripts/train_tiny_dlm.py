@@ -53,6 +53,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dlm.generate import generate  # noqa: E402
 from dlm.tasks import PROMPT_SUFFIX, get_suite, split_of  # noqa: E402
 from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel  # noqa: E402
 
@@ -168,36 +169,12 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
 
 @torch.no_grad()
 def quick_decode(model, tok, prompts: list[str], steps: int = RESPONSE_LEN, block: int = 32):
-    """Greedy confidence decoding with a plain loop (k tokens per step inside each block)."""
-    enc = [tok.encode(p + PROMPT_SUFFIX) for p in prompts]
-    P = max(len(e) for e in enc)
-    B, R = len(enc), RESPONSE_LEN
-    x = torch.full((B, P + R), tok.mask_token_id, dtype=torch.long)
-    att = torch.ones(B, P + R, dtype=torch.long)
-    for i, e in enumerate(enc):
-        x[i, :P - len(e)] = tok.pad_token_id
-        att[i, :P - len(e)] = 0
-        x[i, P - len(e):P] = torch.tensor(e)
-    nblocks = R // block
-    per_block = max(1, steps // nblocks)
-    for b in range(nblocks):
-        s, e = P + b * block, P + (b + 1) * block
-        for k in range(per_block):
-            masked = x[:, s:e] == tok.mask_token_id
-            if not masked.any():
-                break
-            n = math.ceil(masked.sum(1).max().item() / (per_block - k))
-            logits = model(x, attention_mask=att).logits[:, s:e]
-            logits[..., tok.mask_token_id] = -float("inf")
-            logits[..., tok.pad_token_id] = -float("inf")
-            p, tokv = logits.softmax(-1).max(-1)
-            p = torch.where(masked, p, torch.full_like(p, -1.0))
-            top = p.topk(min(n, block), dim=1).indices
-            sel = torch.zeros_like(masked)
-            sel.scatter_(1, top, True)
-            sel &= masked
-            x[:, s:e] = torch.where(sel, tokv, x[:, s:e])
-    return tok.batch_decode(x[:, P:])
+    """Greedy confidence decoding of a left-padded batch with the engine (`dlm.generate`)."""
+    ids, att = tok.pad_batch([tok.encode(p + PROMPT_SUFFIX) for p in prompts])
+    ids, att = torch.tensor(ids), torch.tensor(att)
+    out = generate(model, ids, attention_mask=att, gen_length=RESPONSE_LEN, block_length=block, steps=steps,
+                   sampler="confidence", mask_token_id=tok.mask_token_id)
+    return tok.batch_decode(out.sequences[:, ids.shape[1]:])
 
 
 def quick_eval(model, tok, tasks, n_per_task: int, seed: int = 123, steps: int = 32):
@@ -286,7 +263,8 @@ def main(argv=None):
     else:
         tok = TinyCharTokenizer(words=learn_word_vocabulary(tasks, args.word_min_count) if args.word_min_count else ())
     print(f"vocabulary {tok.vocab_size} tokens ({len(tok.words)} whole words)", flush=True)
-    weights = [task_weights(args.task_weights).get(t.name, 1.0) for t in tasks]
+    weight_of = task_weights(args.task_weights)
+    weights = [weight_of.get(t.name, 1.0) for t in tasks]
     cfg = TinyDLMConfig(
         vocab_size=tok.vocab_size, hidden_size=args.hidden_size, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, intermediate_size=args.intermediate,

@@ -133,6 +133,13 @@ class TinyDLMPreTrainedModel(PreTrainedModel):
             nn.init.ones_(module.weight)
 
 
+def _count_real_positions(attention_mask: Optional[torch.Tensor], B: int, L: int, device) -> torch.Tensor:
+    """Positions `[B, L]` counting real tokens from 0: left padding (mask 0) is skipped."""
+    if attention_mask is None:
+        return torch.arange(L, device=device).expand(B, L)
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
+
+
 class TinyDLMModel(TinyDLMPreTrainedModel):
     """Bidirectional transformer returning aligned logits over the clean tokens.
 
@@ -172,10 +179,7 @@ class TinyDLMModel(TinyDLMPreTrainedModel):
         steps). The decoding driver calls this once per generation, on the prompt plus masks.
         """
         B, L = input_ids.shape
-        if attention_mask is None:
-            base = torch.arange(L, device=input_ids.device).expand(B, L)
-        else:
-            base = (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
+        base = _count_real_positions(attention_mask, B, L, input_ids.device)
         sep = self.config.position_restart_token_id
         if sep is None:
             return base
@@ -225,10 +229,7 @@ class TinyDLMModel(TinyDLMPreTrainedModel):
             position_ids = self.dlm_position_ids(input_ids, attention_mask)
         elif position_ids is None:
             # A window of the full sequence: the same positions the full call would use there.
-            if attention_mask is None:
-                position_ids = torch.arange(start, start + Lq, device=input_ids.device).expand(B, Lq)
-            else:
-                position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)[:, start:start + Lq]
+            position_ids = _count_real_positions(attention_mask, B, L, input_ids.device)[:, start:start + Lq]
         elif tuple(position_ids.shape) != (B, Lq):
             raise ValueError(f"position_ids must be {(B, Lq)}, got {tuple(position_ids.shape)}")
         key_mask = None
