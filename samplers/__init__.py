@@ -1,15 +1,23 @@
-"""Step policies: which masked tokens a dLLM commits each step, continuous solvers, noise search.
+"""Step policies, in three rooms:
 
-dLLM samplers are registered by name::
+- ``samplers.unmasking``: dLLM policies, which masked tokens to commit (or remask) each step;
+  registered by name::
 
-    from samplers import get_sampler, available_samplers
-    sampler = get_sampler("threshold", tau=0.95)
+      from samplers import get_sampler, available_samplers
+      sampler = get_sampler("threshold", tau=0.95)
+
+- ``samplers.solvers``: continuous x_t -> x_{t-1} steppers as diffusers schedulers
+  (``from samplers.solvers import get_solver, solver_from_pipeline``);
+- ``samplers.search``: noise search and its verifiers.
+
+``base.py`` (the step contract) and ``registry.py`` stay at the top: every unmasking policy and the
+driver share them.
 """
 from samplers.base import Sampler, SamplerConfig, StepContext, StepResult
 from samplers.registry import SAMPLERS, available_samplers, get_sampler, register
 
 # Importing a sampler module registers it.
-from samplers import random_order, confidence, margin, entropy, threshold, entropy_bounded  # noqa: E402,F401
+from samplers import unmasking  # noqa: E402,F401
 
 __all__ = [
     "Sampler", "SamplerConfig", "StepContext", "StepResult",

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import torch
 
-from samplers.noise_search import SchedulerDenoiser, run_search
-from samplers.verifiers import digits_verifier, gmm_verifier
+from samplers.search.noise_search import SchedulerDenoiser, run_search
+from samplers.search.verifiers import gmm_verifier  # noqa: E402
+from dlm.image.digits_classifier import digits_verifier
 
 METHODS = ("random", "zero-order", "paths")
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from diffusers import (  # noqa: E402
 )
 
 from dlm.oracles.gaussian_mixture import image_oracle, plane_oracle  # noqa: E402
-from samplers.pndm import pndm_steps_for_nfe  # noqa: E402
+from samplers.solvers.pndm import pndm_steps_for_nfe  # noqa: E402
 from samplers.solvers import get_solver  # noqa: E402
 
 NFES = (5, 10, 20, 50, 100)

@@ -122,8 +122,8 @@ def run(args) -> int:
         bar.close()
         images, nfe = out.images, out.nfe
     else:
-        from samplers.noise_search import run_search
-        from samplers.verifiers import digits_verifier
+        from samplers.search.noise_search import run_search
+        from dlm.image.digits_classifier import digits_verifier
 
         one = pipe.denoiser(0, args.steps, args.guidance).num_steps  # NFE of one full denoising
         budget = args.budget if args.budget is not None else 8 * one

@@ -154,3 +154,15 @@ def load_digits_classifier(name: str = "cnn", path: str | Path | None = None) ->
     net = ARCHITECTURES[name]()
     net.load_state_dict(load_file(str(path)))
     return DigitsClassifier(net, name, {k: json.loads(v) for k, v in meta.items()})
+
+
+def digits_verifier(target, classifier: str = "cnn"):
+    """Noise-search verifier: log-probability of digit ``target`` under a shipped digits classifier.
+
+    ``classifier`` is ``"cnn"`` or ``"mlp"``. Samples are ``[N, 1, 8, 8]`` images in [-1, 1]. It
+    lives beside the classifier so that ``samplers.search`` never imports a model package.
+    """
+    from samplers.search.verifiers import ClassifierVerifier
+
+    clf = load_digits_classifier(classifier)
+    return ClassifierVerifier(clf.logits, target, name=f"digits-{classifier}", sample_shape=(1, 8, 8))

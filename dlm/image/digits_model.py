@@ -169,12 +169,12 @@ class DigitsPipeline(DiffusionPipeline):
         return out if return_dict else (out.images,)
 
     def denoiser(self, digit: int, num_inference_steps: int = 20, guidance_scale: float = 3.0):
-        """A ``samplers.noise_search.SchedulerDenoiser`` for one requested digit (noise search).
+        """A ``samplers.search.noise_search.SchedulerDenoiser`` for one requested digit (noise search).
 
         It works on a private copy of this pipeline's scheduler; each candidate costs one NFE per
         grid step.
         """
-        from samplers.noise_search import SchedulerDenoiser
+        from samplers.search.noise_search import SchedulerDenoiser
 
         label = parse_digits([digit], self.device)
 

@@ -29,7 +29,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 
-from samplers._vp import make_alphas_cumprod
+from samplers.solvers._vp import make_alphas_cumprod
 
 ORACLE_PREDICTION_TYPES = ("epsilon", "v_prediction", "sample", "flow")
 

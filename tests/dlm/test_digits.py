@@ -94,8 +94,8 @@ def test_pil_helpers():
 
 
 def test_search_on_digits_respects_budget(pipe):
-    from samplers.noise_search import random_search
-    from samplers.verifiers import digits_verifier
+    from samplers.search.noise_search import random_search
+    from dlm.image.digits_classifier import digits_verifier
 
     den = pipe.denoiser(7, num_inference_steps=3, guidance_scale=3.0)
     res = random_search(den, digits_verifier(7), budget_nfe=10, generator=torch.Generator().manual_seed(0))

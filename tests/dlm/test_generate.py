@@ -135,7 +135,7 @@ class LazySampler(__import__("samplers").Sampler):
     remasks = True
 
     def step(self, logits, ctx):
-        from samplers._common import propose
+        from samplers.unmasking._common import propose
         proposal, confidence, _ = propose(logits, ctx)
         return __import__("samplers").StepResult(torch.full_like(ctx.x, ctx.mask_token_id), proposal, confidence)
 

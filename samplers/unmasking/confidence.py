@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers._common import propose
-from samplers._scored import ScoredConfig, commit_top_k
+from samplers.unmasking._common import propose
+from samplers.unmasking._scored import ScoredConfig, commit_top_k
 from samplers.base import Sampler, StepContext, StepResult
 from samplers.registry import register
 

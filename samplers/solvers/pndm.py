@@ -37,7 +37,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from samplers._vp import (
+from samplers.solvers._vp import (
     VPNoiseMixin,
     VP_COMPATIBLES,
     SampleResult,

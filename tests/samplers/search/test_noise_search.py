@@ -5,9 +5,9 @@ import pytest
 import torch
 from diffusers import DDIMScheduler
 
-from samplers.noise_search import (FunctionDenoiser, SchedulerDenoiser, paths_cost, paths_plan, paths_search,
+from samplers.search.noise_search import (FunctionDenoiser, SchedulerDenoiser, paths_cost, paths_plan, paths_search,
                                    random_search, run_search, zero_order_search, zo_neighbors)
-from samplers.verifiers import (ClassifierVerifier, FunctionVerifier, LogDensityVerifier, as_verifier,
+from samplers.search.verifiers import (ClassifierVerifier, FunctionVerifier, LogDensityVerifier, as_verifier,
                                 check_scores)
 
 torch.set_num_threads(1)
@@ -152,7 +152,7 @@ def test_classifier_and_log_density_verifiers():
 
 def test_gmm_oracle_verifier_and_search():
     from dlm.oracles.gaussian_mixture import plane_oracle
-    from samplers.verifiers import gmm_verifier
+    from samplers.search.verifiers import gmm_verifier
 
     oracle = plane_oracle()
     v = gmm_verifier(oracle)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers._common import commit, propose, top_k_mask
+from samplers.unmasking._common import commit, propose, top_k_mask
 from samplers.base import Sampler, SamplerConfig, StepContext, StepResult
-from samplers.entropy import negative_entropy
+from samplers.unmasking.entropy import negative_entropy
 from samplers.registry import register
 
 

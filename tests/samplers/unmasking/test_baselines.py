@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from samplers import StepContext, get_sampler
-from samplers.entropy_bounded import entropy_bounded_count
-from samplers.threshold import factor_count
+from samplers.unmasking.entropy_bounded import entropy_bounded_count
+from samplers.unmasking.threshold import factor_count
 
 MASK = 9
 
@@ -74,7 +74,7 @@ def test_entropy_bound_prefix():
 
 
 def test_gumbel_max_samples_the_softmax():
-    from samplers._common import gumbel_max
+    from samplers.unmasking._common import gumbel_max
     logits = torch.tensor([[[math.log(0.7), math.log(0.2), math.log(0.1)]]]).expand(1, 40000, 3)
     draws = gumbel_max(logits, 1.0, torch.Generator().manual_seed(0))
     freq = torch.bincount(draws.flatten(), minlength=3).double() / draws.numel()

@@ -9,7 +9,7 @@ garbage.
 Built-ins:
 - ``ClassifierVerifier``: log-probability of a requested class under a classifier's logits (the
   "supervised verifier" of Ma et al. 2025, *Inference-time scaling for diffusion models beyond
-  scaling denoising steps*); ``digits_verifier(d)`` wires it to the shipped digits CNN.
+  scaling denoising steps*); ``dlm.image.digits_classifier.digits_verifier(d)`` wires it to the shipped digits CNN.
 - ``LogDensityVerifier``: exact ``log p_data(x)``, e.g. from the Gaussian-mixture oracle
   (``gmm_verifier(oracle)``); an "oracle verifier".
 
@@ -118,18 +118,6 @@ class ClassifierVerifier(Verifier):
             raise ValueError(f"verifier {self.name!r}: target must be a class in [0, {logp.shape[1]}) "
                              f"or one per sample, got {target.tolist()}")
         return logp.gather(1, target[:, None])[:, 0]
-
-
-def digits_verifier(target, classifier: str = "cnn") -> ClassifierVerifier:
-    """Log-probability of digit ``target`` under a shipped digits classifier (``"cnn"`` or ``"mlp"``).
-
-    Samples are ``[N, 1, 8, 8]`` images in [-1, 1]. The import is deferred so that ``samplers`` does
-    not depend on the image package unless this verifier is asked for.
-    """
-    from dlm.image.digits_classifier import load_digits_classifier
-
-    clf = load_digits_classifier(classifier)
-    return ClassifierVerifier(clf.logits, target, name=f"digits-{classifier}", sample_shape=(1, 8, 8))
 
 
 class LogDensityVerifier(Verifier):

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers._common import commit, top_k_mask
+from samplers.unmasking._common import commit, top_k_mask
 from samplers.base import SamplerConfig, StepContext
 
 

@@ -52,48 +52,48 @@ class SolverSpec:
 
 SOLVERS: Dict[str, SolverSpec] = {
     "ddim": SolverSpec(
-        "samplers.ddim:DDIMSolver", {}, "vp", "samplers.ddim:sample_ddim", "DDIM (eta in config or step), NFE = N"
+        "samplers.solvers.ddim:DDIMSolver", {}, "vp", "samplers.solvers.ddim:sample_ddim", "DDIM (eta in config or step), NFE = N"
     ),
     "pndm": SolverSpec(
-        "samplers.pndm:PNDMSolver",
+        "samplers.solvers.pndm:PNDMSolver",
         {"skip_prk_steps": False},
         "vp",
-        "samplers.pndm:sample_pndm",
+        "samplers.solvers.pndm:sample_pndm",
         "PNDM: pseudo Runge-Kutta warm start + PLMS, NFE = N + 9",
     ),
     "plms": SolverSpec(
-        "samplers.pndm:PNDMSolver",
+        "samplers.solvers.pndm:PNDMSolver",
         {"skip_prk_steps": True},
         "vp",
-        "samplers.pndm:sample_pndm",
+        "samplers.solvers.pndm:sample_pndm",
         "PLMS with diffusers' Heun-like warm start (skip_prk_steps), NFE = N + 1",
     ),
     "dpmpp-2m": SolverSpec(
-        "samplers.dpmpp_2m:DPMSolverPP2M",
+        "samplers.solvers.dpmpp_2m:DPMSolverPP2M",
         {},
         "vp",
-        "samplers.dpmpp_2m:sample_dpmpp_2m",
+        "samplers.solvers.dpmpp_2m:sample_dpmpp_2m",
         "DPM-Solver++ 2M (data prediction, multistep order 2), NFE = N",
     ),
     "flow-euler": SolverSpec(
-        "samplers.flow:FlowMatchSolverScheduler",
+        "samplers.solvers.flow:FlowMatchSolverScheduler",
         {"solver": "euler", "leap_tolerance": None},
         "flow",
-        "samplers.flow:sample_flow",
+        "samplers.solvers.flow:sample_flow",
         "rectified flow, Euler, NFE = N",
     ),
     "flow-heun": SolverSpec(
-        "samplers.flow:FlowMatchSolverScheduler",
+        "samplers.solvers.flow:FlowMatchSolverScheduler",
         {"solver": "heun", "leap_tolerance": None},
         "flow",
-        "samplers.flow:sample_flow",
+        "samplers.solvers.flow:sample_flow",
         "rectified flow, Heun (2nd order), NFE = 2N - 1",
     ),
     "flow-lpl": SolverSpec(
-        "samplers.flow:FlowMatchSolverScheduler",
+        "samplers.solvers.flow:FlowMatchSolverScheduler",
         {"solver": "euler", "leap_tolerance": 0.05},
         "flow",
-        "samplers.flow:sample_flow",
+        "samplers.solvers.flow:sample_flow",
         "rectified flow, Euler + Linear Proportional Leap once the velocity settles, NFE <= N",
     ),
 }

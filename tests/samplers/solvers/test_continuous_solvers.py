@@ -17,10 +17,10 @@ from diffusers import (
 )
 
 from dlm.oracles.gaussian_mixture import image_oracle, plane_oracle
-from samplers.ddim import DDIMSolver, sample_ddim
-from samplers.dpmpp_2m import DPMSolverPP2M, sample_dpmpp_2m
-from samplers.flow import FlowMatchSolverScheduler, flow_sigmas, sample_flow
-from samplers.pndm import PNDMSolver, pndm_nfe, pndm_steps_for_nfe, sample_pndm
+from samplers.solvers.ddim import DDIMSolver, sample_ddim
+from samplers.solvers.dpmpp_2m import DPMSolverPP2M, sample_dpmpp_2m
+from samplers.solvers.flow import FlowMatchSolverScheduler, flow_sigmas, sample_flow
+from samplers.solvers.pndm import PNDMSolver, pndm_nfe, pndm_steps_for_nfe, sample_pndm
 from samplers.solvers import SOLVERS, get_sample_fn, get_solver, solver_from_pipeline
 
 torch.set_num_threads(1)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers._common import commit, masked_scores, propose, top_k_mask
+from samplers.unmasking._common import commit, masked_scores, propose, top_k_mask
 from samplers.base import Sampler, SamplerConfig, StepContext, StepResult
 from samplers.registry import register
 

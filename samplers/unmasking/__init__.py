@@ -1,0 +1,5 @@
+"""Discrete unmasking policies for masked diffusion LMs: which masked tokens to commit (or remask).
+
+Importing this package registers every policy in `samplers.registry` by name.
+"""
+from samplers.unmasking import random_order, confidence, margin, entropy, threshold, entropy_bounded  # noqa: F401
