@@ -30,8 +30,8 @@ _ATTR = "_dlm_streamline"
 @dataclass(frozen=True)
 class StreamlineConfig:
     """slices: pieces of the batch x frames dimension for spatial operators.
-    temporal_slices: pieces of the image rows for temporal (motion) modules; None -> min(slices, H)
-    is NOT done silently: None means ``slices``; a value above the row count raises at run time.
+    temporal_slices: pieces of the image rows for temporal (motion) modules; None means ``slices``.
+    Either one above the dimension it slices raises ValueError at call time (never clamped silently).
     """
 
     slices: int = 4
