@@ -1,1 +1,5 @@
-"""video package."""
+"""video package: memory-lean inference for diffusers video models (Streamlined Inference)."""
+
+from video.streamline import SUPPORTED, StreamlineConfig, streamline, unstreamline
+
+__all__ = ["SUPPORTED", "StreamlineConfig", "streamline", "unstreamline"]

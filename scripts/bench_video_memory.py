@@ -1,0 +1,94 @@
+"""Peak activation memory and wall time of one denoising step, with and without streamline.
+
+Each configuration runs in its own subprocess. Memory: Linux peak resident set size (VmHWM) of
+that subprocess, reset via /proc/self/clear_refs after the model and inputs exist, minus the
+resident size at that moment -> peak activation memory of the UNet forward. Time: best of --reps
+forwards. Output equality: max abs difference of the sliced output vs the unsliced one.
+
+    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --frames 16 --size 32
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def child(args):
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, os.path.join(ROOT, "tests", "video"))
+    sys.path.insert(0, ROOT)
+    from video_tiny import motion_inputs, tiny_motion_unet
+
+    import video
+
+    unet = tiny_motion_unet(channels=(32, 64))
+    x, t, ehs = motion_inputs(batch=1, frames=args.frames, size=args.size)
+    if args.slices > 1:
+        video.streamline(unet, slices=args.slices, temporal_slices=args.tslices)
+    times = []
+    with torch.inference_mode():
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+        base = _kb("VmRSS")
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            out = unet(x, t, ehs).sample
+            times.append(time.perf_counter() - t0)
+        peak = _kb("VmHWM")
+    torch.save(out, args.out)
+    print(json.dumps({"act_mib": (peak - base) / 1024, "base_mib": base / 1024, "time_s": min(times)}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--frames", type=int, default=16)
+    ap.add_argument("--size", type=int, default=32, help="latent height = width")
+    ap.add_argument("--slices", type=int, default=16)
+    ap.add_argument("--tslices", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(a)
+    import torch
+
+    res = {}
+    with tempfile.TemporaryDirectory() as d:
+        for name, sl in (("unsliced", 1), ("streamlined", a.slices)):
+            out = os.path.join(d, name + ".pt")
+            cmd = [sys.executable, __file__, "--child", "--frames", str(a.frames), "--size", str(a.size),
+                   "--slices", str(sl), "--tslices", str(a.tslices), "--reps", str(a.reps), "--out", out]
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if r.returncode:
+                sys.exit(f"error: {name} run failed: {r.stderr.strip().splitlines()[-1]}")
+            res[name] = json.loads(r.stdout.strip().splitlines()[-1])
+            res[name]["output"] = torch.load(out)
+    diff = (res["streamlined"].pop("output") - res["unsliced"].pop("output")).abs().max().item()
+    u, s = res["unsliced"], res["streamlined"]
+    summary = {"frames": a.frames, "latent": a.size, "slices": a.slices, "temporal_slices": a.tslices,
+               "unsliced": u, "streamlined": s, "act_mem_ratio": u["act_mib"] / s["act_mib"],
+               "time_ratio": s["time_s"] / u["time_s"], "max_abs_diff": diff}
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
