@@ -4,7 +4,9 @@ CPU part: each path runs in its own subprocess; memory is the peak resident set 
 via /proc/self/clear_refs once the logits exist, minus the RSS then (extra memory of the step).
 "softmax" computes the same four statistics from a materialised float32 softmax [B, L, V];
 "fused" is kernels.decode_stats, which on CPU without Triton is the reference chunked over the
-vocabulary (online softmax). GPU part (only when CUDA is present): Triton kernel vs softmax path,
+vocabulary (online softmax). Sampler-step part: one `confidence` sampler step on the same logits
+with the engine's fused path off and on (DLM_FUSED_DECODE), same peak-RSS method, same commits
+required. GPU part (only when CUDA is present): Triton kernel vs softmax path,
 torch.cuda.max_memory_allocated and CUDA-event time; skipped with a message otherwise.
 
     OMP_NUM_THREADS=1 python scripts/bench_kernels.py --positions 256 --vocab 126464
@@ -38,6 +40,22 @@ def softmax_stats(logits):
     return top.indices[..., 0], top.values[..., 0], top.values[..., 0] - top.values[..., 1], ent
 
 
+def sampler_step(logits, fused):
+    """One greedy `confidence` step over the whole sequence as the engine runs it."""
+    import torch
+
+    from samplers import get_sampler
+    from samplers.base import StepContext
+
+    os.environ["DLM_FUSED_DECODE"] = "on" if fused else "off"
+    B, L = logits.shape[:2]
+    ctx = StepContext(x=torch.full((B, L), 1, dtype=torch.long), candidates=torch.ones(B, L, dtype=torch.bool),
+                      num_transfer=torch.full((B,), 4), step=0, steps_in_block=L // 4, last_step=False,
+                      temperature=0.0, generator=None, mask_token_id=1)
+    r = get_sampler("confidence").step(logits, ctx)
+    return r.x, r.confidence, r.confidence, r.confidence
+
+
 def child(a):
     import torch
 
@@ -54,6 +72,8 @@ def child(a):
         t0 = time.perf_counter()
         if a.path == "softmax":
             tok, p1, margin, ent = softmax_stats(logits)
+        elif a.path.startswith("step-"):
+            tok, p1, margin, ent = sampler_step(logits, fused=a.path == "step-fused")
         else:
             s = decode_stats(logits, block=a.block)
             tok, p1, margin, ent = s.token, s.prob, s.margin, s.entropy
@@ -104,7 +124,7 @@ def main():
 
     res = {}
     with tempfile.TemporaryDirectory() as d:
-        for path in ("softmax", "fused"):
+        for path in ("softmax", "fused", "step-softmax", "step-fused"):
             out = os.path.join(d, path + ".pt")
             cmd = [sys.executable, __file__, "--path", path, "--positions", str(a.positions), "--vocab",
                    str(a.vocab), "--block", str(a.block), "--reps", str(a.reps), "--out", out]
@@ -114,12 +134,17 @@ def main():
             res[path] = json.loads(r.stdout.strip().splitlines()[-1])
             res[path]["stats"] = torch.load(out)
     s, f = res["softmax"].pop("stats"), res["fused"].pop("stats")
+    ss, sf = res["step-softmax"].pop("stats"), res["step-fused"].pop("stats")
+    step = {"mem_ratio": res["step-softmax"]["extra_mib"] / max(res["step-fused"]["extra_mib"], 1e-9),
+            "time_ratio": res["step-fused"]["time_s"] / res["step-softmax"]["time_s"],
+            "same_commits": bool(torch.equal(ss["tok"], sf["tok"])),
+            "max_abs_diff_confidence": (ss["p1"] - sf["p1"]).abs().max().item()}
     summary = {"positions": a.positions, "vocab": a.vocab, "cpu": res,
                "cpu_mem_ratio": res["softmax"]["extra_mib"] / max(res["fused"]["extra_mib"], 1e-9),
                "cpu_time_ratio": res["fused"]["time_s"] / res["softmax"]["time_s"],
                "same_tokens": bool(torch.equal(s["tok"], f["tok"])),
                "max_abs_diff": {k: (s[k] - f[k]).abs().max().item() for k in ("p1", "margin", "ent")},
-               "gpu": gpu_part(a)}
+               "sampler_step": step, "gpu": gpu_part(a)}
     print(json.dumps(summary, indent=1))
 
 

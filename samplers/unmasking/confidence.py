@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers.unmasking._common import propose
+from samplers.unmasking._common import step_stats
 from samplers.unmasking._scored import ScoredConfig, commit_top_k
 from samplers.base import Sampler, StepContext, StepResult
 from samplers.registry import register
@@ -25,5 +25,5 @@ class ConfidenceSampler(Sampler):
     Config = ConfidenceConfig
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
-        proposal, confidence, _ = propose(logits, ctx)
-        return StepResult(commit_top_k(confidence, proposal, ctx, self.config.alg_temp), proposal, confidence)
+        s = step_stats(logits, ctx)
+        return StepResult(commit_top_k(s.confidence, s.proposal, ctx, self.config.alg_temp), s.proposal, s.confidence)

@@ -8,15 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers.unmasking._common import propose
+from samplers.unmasking._common import negative_entropy, step_stats  # noqa: F401 (negative_entropy re-exported)
 from samplers.unmasking._scored import ScoredConfig, commit_top_k
 from samplers.base import Sampler, StepContext, StepResult
 from samplers.registry import register
-
-
-def negative_entropy(probs: torch.Tensor) -> torch.Tensor:
-    """`[B, L, V]` probabilities -> `[B, L]` sum p log p (0 log 0 = 0)."""
-    return torch.special.xlogy(probs, probs).sum(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -30,6 +25,5 @@ class EntropySampler(Sampler):
     Config = EntropyConfig
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
-        proposal, confidence, probs = propose(logits, ctx)
-        score = negative_entropy(probs)
-        return StepResult(commit_top_k(score, proposal, ctx, self.config.alg_temp), proposal, confidence)
+        s = step_stats(logits, ctx, entropy=True)
+        return StepResult(commit_top_k(-s.entropy, s.proposal, ctx, self.config.alg_temp), s.proposal, s.confidence)

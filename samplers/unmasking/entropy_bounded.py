@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers.unmasking._common import commit, propose, top_k_mask
+from samplers.unmasking._common import commit, step_stats, top_k_mask
 from samplers.base import Sampler, SamplerConfig, StepContext, StepResult
-from samplers.unmasking.entropy import negative_entropy
 from samplers.registry import register
 
 
@@ -46,8 +45,8 @@ class EntropyBoundedSampler(Sampler):
     adaptive = True
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
-        proposal, confidence, probs = propose(logits, ctx)
-        entropy = -negative_entropy(probs)
+        s = step_stats(logits, ctx, entropy=True)
+        proposal, confidence, entropy = s.proposal, s.confidence, s.entropy
         k = torch.maximum(entropy_bounded_count(entropy, ctx.candidates, self.config.gamma), ctx.num_transfer)
         selected = top_k_mask(-entropy, ctx.candidates, k)
         return StepResult(commit(ctx.x, proposal, selected), proposal, confidence)

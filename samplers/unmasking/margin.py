@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers.unmasking._common import propose
+from samplers.unmasking._common import step_stats
 from samplers.unmasking._scored import ScoredConfig, commit_top_k
 from samplers.base import Sampler, StepContext, StepResult
 from samplers.registry import register
@@ -26,7 +26,5 @@ class MarginSampler(Sampler):
     Config = MarginConfig
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
-        proposal, confidence, probs = propose(logits, ctx)
-        top2 = probs.topk(2, dim=-1).values
-        margin = top2[..., 0] - top2[..., 1]
-        return StepResult(commit_top_k(margin, proposal, ctx, self.config.alg_temp), proposal, confidence)
+        s = step_stats(logits, ctx, margin=True)
+        return StepResult(commit_top_k(s.margin, s.proposal, ctx, self.config.alg_temp), s.proposal, s.confidence)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers.unmasking._common import commit, masked_scores, propose, top_k_mask
+from samplers.unmasking._common import commit, masked_scores, step_stats, top_k_mask
 from samplers.base import Sampler, SamplerConfig, StepContext, StepResult
 from samplers.registry import register
 
@@ -49,7 +49,8 @@ class ThresholdSampler(Sampler):
     adaptive = True
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
-        proposal, confidence, _ = propose(logits, ctx)
+        s = step_stats(logits, ctx)
+        proposal, confidence = s.proposal, s.confidence
         if self.config.factor > 0:
             k = torch.maximum(factor_count(confidence, ctx.candidates, self.config.factor), ctx.num_transfer)
             selected = top_k_mask(confidence, ctx.candidates, k)
