@@ -6,6 +6,10 @@ resident size at that moment -> peak activation memory of the UNet forward. Time
 forwards. Output equality: max abs difference of the sliced output vs the unsliced one.
 
     OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --frames 16 --size 32
+    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model svd --frames 16 --size 48
+
+--model animatediff: a tiny random UNetMotionModel; --model svd: a tiny random
+UNetSpatioTemporalConditionModel (Stable Video Diffusion's UNet).
 """
 
 import argparse
@@ -34,12 +38,22 @@ def child(args):
     torch.set_num_threads(1)
     sys.path.insert(0, os.path.join(ROOT, "tests", "video"))
     sys.path.insert(0, ROOT)
-    from video_tiny import motion_inputs, tiny_motion_unet
+    from video_tiny import motion_inputs, svd_inputs, tiny_motion_unet, tiny_svd_unet
 
     import video
 
-    unet = tiny_motion_unet(channels=(32, 64))
-    x, t, ehs = motion_inputs(batch=1, frames=args.frames, size=args.size)
+    if args.model == "svd":
+        unet = tiny_svd_unet(channels=(32, 64))
+        x, t, ehs, added = svd_inputs(batch=1, frames=args.frames, size=args.size)
+
+        def forward():
+            return unet(x, t, encoder_hidden_states=ehs, added_time_ids=added).sample
+    else:
+        unet = tiny_motion_unet(channels=(32, 64))
+        x, t, ehs = motion_inputs(batch=1, frames=args.frames, size=args.size)
+
+        def forward():
+            return unet(x, t, ehs).sample
     if args.slices > 1:
         video.streamline(unet, slices=args.slices, temporal_slices=args.tslices)
     times = []
@@ -49,7 +63,7 @@ def child(args):
         base = _kb("VmRSS")
         for _ in range(args.reps):
             t0 = time.perf_counter()
-            out = unet(x, t, ehs).sample
+            out = forward()
             times.append(time.perf_counter() - t0)
         peak = _kb("VmHWM")
     torch.save(out, args.out)
@@ -58,6 +72,7 @@ def child(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=("animatediff", "svd"), default="animatediff")
     ap.add_argument("--frames", type=int, default=16)
     ap.add_argument("--size", type=int, default=32, help="latent height = width")
     ap.add_argument("--slices", type=int, default=16)
@@ -74,7 +89,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         for name, sl in (("unsliced", 1), ("streamlined", a.slices)):
             out = os.path.join(d, name + ".pt")
-            cmd = [sys.executable, __file__, "--child", "--frames", str(a.frames), "--size", str(a.size),
+            cmd = [sys.executable, __file__, "--child", "--model", a.model, "--frames", str(a.frames), "--size", str(a.size),
                    "--slices", str(sl), "--tslices", str(a.tslices), "--reps", str(a.reps), "--out", out]
             env = dict(os.environ, OMP_NUM_THREADS="1")
             r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -84,7 +99,7 @@ def main():
             res[name]["output"] = torch.load(out)
     diff = (res["streamlined"].pop("output") - res["unsliced"].pop("output")).abs().max().item()
     u, s = res["unsliced"], res["streamlined"]
-    summary = {"frames": a.frames, "latent": a.size, "slices": a.slices, "temporal_slices": a.tslices,
+    summary = {"model": a.model, "frames": a.frames, "latent": a.size, "slices": a.slices, "temporal_slices": a.tslices,
                "unsliced": u, "streamlined": s, "act_mem_ratio": u["act_mib"] / s["act_mib"],
                "time_ratio": s["time_s"] / u["time_s"], "max_abs_diff": diff}
     print(json.dumps(summary, indent=1))

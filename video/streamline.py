@@ -10,6 +10,13 @@ sums over all slices first, then each slice normalised with the global statistic
 goes straight on through proj_in, the transformer blocks and proj_out (operator grouping), so the
 full-size ``[B*H*W, F, inner]`` intermediates of the motion module never exist at once.
 
+Stable Video Diffusion (``UNetSpatioTemporalConditionModel``) is handled the same way: its spatial
+ResNet blocks, up/down samplers and the spatial transformer blocks of each
+``TransformerSpatioTemporalModel`` run per batch x frames slice; the temporal transformer blocks run
+per slice of spatial tokens (their attention is over frames only); each ``TemporalResnetBlock`` (a
+frames-only 3D convolution between two GroupNorms over channels x frames x height x width) runs per
+slice of image rows with both norms made exact by the same two-pass statistics.
+
 Peak memory drops because attention scores and the MLP hidden states are only ever slice-sized.
 """
 
@@ -23,7 +30,7 @@ from kernels.group_norm import combine_stats, group_norm_apply, group_stats
 
 kernels.check_ours(kernels)
 
-SUPPORTED = ("UNetMotionModel",)
+SUPPORTED = ("UNetMotionModel", "UNetSpatioTemporalConditionModel")
 _ATTR = "_dlm_streamline"
 
 
@@ -130,22 +137,105 @@ def _motion_forward(mod, slices):
     return forward
 
 
+def _token_forward(orig, slices):
+    """Sliced TemporalBasicTransformerBlock.forward: each spatial token attends over frames only, so
+    the block runs exactly on one slice of the ``seq_length`` tokens at a time."""
+
+    def forward(hidden_states, num_frames, encoder_hidden_states=None):
+        bf, n_tok, _ = hidden_states.shape
+        b = bf // num_frames
+        _check_slices(n_tok, slices, "temporal_slices")
+        ctx = None if encoder_hidden_states is None else encoder_hidden_states.reshape(b, n_tok, *encoder_hidden_states.shape[1:])
+        outs = []
+        for idx in torch.arange(n_tok).chunk(slices):
+            a, e = int(idx[0]), int(idx[-1]) + 1
+            c = None if ctx is None else ctx[:, a:e].reshape(b * (e - a), *ctx.shape[2:])
+            outs.append(orig(hidden_states[:, a:e], num_frames, encoder_hidden_states=c))
+        return torch.cat(outs, 1)
+
+    return forward
+
+
+def _sliced_group_stats(x, groups, spans, eps):
+    """Global GroupNorm statistics of ``x [B, C, F, H, W]`` from row slices (kernels.group_norm)."""
+    count = x.shape[1] // groups * x.shape[2] * x.shape[3] * x.shape[4]
+    return combine_stats((group_stats(x[..., a:e, :].contiguous(), groups) for a, e in spans), count, eps)
+
+
+def _temporal_res_forward(mod, slices):
+    """Exact sliced TemporalResnetBlock.forward over image rows.
+
+    Both GroupNorms see channels x frames x rows x cols, so each gets global statistics first
+    (pass 1) and then normalises one row slice at a time (pass 2); the (3, 1, 1) convolutions mix
+    frames only, so they are exact per row slice. Holds the block input, one intermediate and the
+    output at full size, never the norm/activation/conv temporaries.
+    """
+
+    def norm(x_slice, gn, stats):
+        mean, rstd = stats
+        return group_norm_apply(x_slice, mean.to(x_slice.dtype), rstd.to(x_slice.dtype), gn.weight, gn.bias)
+
+    def forward(input_tensor, temb):
+        b, _, f, h, w = input_tensor.shape
+        _check_slices(h, slices, "temporal_slices")
+        spans = [(int(r[0]), int(r[-1]) + 1) for r in torch.arange(h).chunk(slices)]
+        t = None
+        if mod.time_emb_proj is not None:
+            t = mod.time_emb_proj(mod.nonlinearity(temb))[:, :, :, None, None].permute(0, 2, 1, 3, 4)
+        stats1 = _sliced_group_stats(input_tensor, mod.norm1.num_groups, spans, mod.norm1.eps)
+        mid = input_tensor.new_empty(b, mod.out_channels, f, h, w)
+        for a, e in spans:
+            hs = mod.conv1(mod.nonlinearity(norm(input_tensor[..., a:e, :].contiguous(), mod.norm1, stats1)))
+            mid[..., a:e, :] = hs if t is None else hs + t
+        stats2 = _sliced_group_stats(mid, mod.norm2.num_groups, spans, mod.norm2.eps)
+        out = torch.empty_like(mid)
+        for a, e in spans:
+            hs = mod.conv2(mod.dropout(mod.nonlinearity(norm(mid[..., a:e, :].contiguous(), mod.norm2, stats2))))
+            skip = input_tensor[..., a:e, :]
+            out[..., a:e, :] = (skip if mod.conv_shortcut is None else mod.conv_shortcut(skip)) + hs
+        return out
+
+    return forward
+
+
 def _targets(unet):
-    from diffusers.models.resnet import Downsample2D, ResnetBlock2D, Upsample2D
+    from diffusers.models.resnet import Downsample2D, ResnetBlock2D, TemporalResnetBlock, Upsample2D
     from diffusers.models.transformers.transformer_2d import Transformer2DModel
+    from diffusers.models.transformers.transformer_temporal import TransformerSpatioTemporalModel
     from diffusers.models.unets.unet_motion_model import AnimateDiffTransformer3D
 
     for m in unet.modules():
         if isinstance(m, AnimateDiffTransformer3D):
             yield m, "temporal"
+        elif isinstance(m, TemporalResnetBlock):
+            yield m, "temporal_res"
+        elif isinstance(m, TransformerSpatioTemporalModel):
+            for blk in m.transformer_blocks:
+                yield blk, "spatial"
+            for blk in m.temporal_transformer_blocks:
+                yield blk, "tokens"
         elif isinstance(m, (ResnetBlock2D, Transformer2DModel, Downsample2D, Upsample2D)):
             yield m, "spatial"
+
+
+def _sliced_forward(m, kind, cfg):
+    if kind == "temporal":
+        return _motion_forward(m, cfg.t_slices)
+    if kind == "temporal_res":
+        return _temporal_res_forward(m, cfg.t_slices)
+    if kind == "tokens":
+        return _token_forward(m.forward, cfg.t_slices)
+    return _spatial_forward(m.forward, cfg.slices)
 
 
 def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = None, rehash=None):
     """Slice the operators of a diffusers video UNet in place; returns the model.
 
-    pipe_or_model: a UNetMotionModel or a pipeline holding one as ``.unet``.
+    pipe_or_model: a UNetMotionModel (AnimateDiff) or UNetSpatioTemporalConditionModel (Stable Video
+        Diffusion), or a pipeline holding one as ``.unet``.
+    slices: pieces of the batch x frames dimension for spatial operators.
+    temporal_slices: pieces of the image rows (motion modules, temporal ResNet blocks) or of the
+        spatial tokens (SVD's temporal transformer blocks); None means ``slices``.
     Outputs equal the unsliced model's to float tolerance. Undo with :func:`unstreamline`.
     """
     cfg = StreamlineConfig(slices, temporal_slices).validate()
@@ -158,8 +248,7 @@ def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = Non
     for m, kind in _targets(unet):
         if "forward" in m.__dict__:
             raise ValueError(f"{type(m).__name__} already has a patched forward (another hook?)")
-        fwd = _motion_forward(m, cfg.t_slices) if kind == "temporal" else _spatial_forward(m.forward, cfg.slices)
-        m.forward = fwd
+        m.forward = _sliced_forward(m, kind, cfg)
         patched.append(m)
     setattr(unet, _ATTR, (cfg, patched))
     return unet
