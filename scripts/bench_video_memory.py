@@ -7,9 +7,11 @@ forwards. Output equality: max abs difference of the sliced output vs the unslic
 
     OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --frames 16 --size 32
     OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model svd --frames 16 --size 48
+    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model latte --frames 16 --size 32
 
 --model animatediff: a tiny random UNetMotionModel; --model svd: a tiny random
-UNetSpatioTemporalConditionModel (Stable Video Diffusion's UNet).
+UNetSpatioTemporalConditionModel (Stable Video Diffusion's UNet); --model latte: a tiny random
+LatteTransformer3DModel (video transformer, patch size 2).
 """
 
 import argparse
@@ -38,7 +40,7 @@ def child(args):
     torch.set_num_threads(1)
     sys.path.insert(0, os.path.join(ROOT, "tests", "video"))
     sys.path.insert(0, ROOT)
-    from video_tiny import motion_inputs, svd_inputs, tiny_motion_unet, tiny_svd_unet
+    from video_tiny import latte_inputs, motion_inputs, svd_inputs, tiny_latte, tiny_motion_unet, tiny_svd_unet
 
     import video
 
@@ -48,6 +50,12 @@ def child(args):
 
         def forward():
             return unet(x, t, encoder_hidden_states=ehs, added_time_ids=added).sample
+    elif args.model == "latte":
+        unet = tiny_latte(frames=args.frames, size=args.size)
+        x, t, ehs = latte_inputs(batch=1, frames=args.frames, size=args.size)
+
+        def forward():
+            return unet(x, timestep=t, encoder_hidden_states=ehs).sample
     else:
         unet = tiny_motion_unet(channels=(32, 64))
         x, t, ehs = motion_inputs(batch=1, frames=args.frames, size=args.size)
@@ -72,7 +80,7 @@ def child(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=("animatediff", "svd"), default="animatediff")
+    ap.add_argument("--model", choices=("animatediff", "svd", "latte"), default="animatediff")
     ap.add_argument("--frames", type=int, default=16)
     ap.add_argument("--size", type=int, default=32, help="latent height = width")
     ap.add_argument("--slices", type=int, default=16)

@@ -17,6 +17,12 @@ per slice of spatial tokens (their attention is over frames only); each ``Tempor
 frames-only 3D convolution between two GroupNorms over channels x frames x height x width) runs per
 slice of image rows with both norms made exact by the same two-pass statistics.
 
+Latte (``LatteTransformer3DModel``, a video transformer alternating spatial and temporal blocks):
+each spatial block sees ``[B*F, HW, C]`` and attends within a frame, each temporal block sees
+``[B*HW, F, C]`` and attends over frames; both are exact per slice of their leading dimension, so
+spatial blocks run on ``slices`` pieces of batch x frames and temporal blocks on ``temporal_slices``
+pieces of batch x spatial tokens.
+
 Peak memory drops because attention scores and the MLP hidden states are only ever slice-sized.
 """
 
@@ -30,7 +36,7 @@ from kernels.group_norm import combine_stats, group_norm_apply, group_stats
 
 kernels.check_ours(kernels)
 
-SUPPORTED = ("UNetMotionModel", "UNetSpatioTemporalConditionModel")
+SUPPORTED = ("UNetMotionModel", "UNetSpatioTemporalConditionModel", "LatteTransformer3DModel")
 _ATTR = "_dlm_streamline"
 
 
@@ -58,7 +64,12 @@ class StreamlineConfig:
 
 
 def _unet_of(pipe_or_model):
-    m = getattr(pipe_or_model, "unet", pipe_or_model)
+    """The denoiser: the object itself, or a pipeline's ``.unet`` / ``.transformer``."""
+    m = pipe_or_model
+    for attr in ("unet", "transformer"):
+        if getattr(pipe_or_model, attr, None) is not None:
+            m = getattr(pipe_or_model, attr)
+            break
     name = type(m).__name__
     if name not in SUPPORTED:
         raise ValueError(f"streamline does not know model type {name}; supported: {', '.join(SUPPORTED)}")
@@ -201,6 +212,7 @@ def _temporal_res_forward(mod, slices):
 def _targets(unet):
     from diffusers.models.resnet import Downsample2D, ResnetBlock2D, TemporalResnetBlock, Upsample2D
     from diffusers.models.transformers.transformer_2d import Transformer2DModel
+    from diffusers.models.transformers.latte_transformer_3d import LatteTransformer3DModel
     from diffusers.models.transformers.transformer_temporal import TransformerSpatioTemporalModel
     from diffusers.models.unets.unet_motion_model import AnimateDiffTransformer3D
 
@@ -209,6 +221,11 @@ def _targets(unet):
             yield m, "temporal"
         elif isinstance(m, TemporalResnetBlock):
             yield m, "temporal_res"
+        elif isinstance(m, LatteTransformer3DModel):
+            for blk in m.transformer_blocks:
+                yield blk, "spatial"
+            for blk in m.temporal_transformer_blocks:
+                yield blk, "tokens_first"
         elif isinstance(m, TransformerSpatioTemporalModel):
             for blk in m.transformer_blocks:
                 yield blk, "spatial"
@@ -225,17 +242,20 @@ def _sliced_forward(m, kind, cfg):
         return _temporal_res_forward(m, cfg.t_slices)
     if kind == "tokens":
         return _token_forward(m.forward, cfg.t_slices)
+    if kind == "tokens_first":  # tokens already lead: [B*HW, F, C]
+        return _spatial_forward(m.forward, cfg.t_slices)
     return _spatial_forward(m.forward, cfg.slices)
 
 
 def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = None, rehash=None):
     """Slice the operators of a diffusers video UNet in place; returns the model.
 
-    pipe_or_model: a UNetMotionModel (AnimateDiff) or UNetSpatioTemporalConditionModel (Stable Video
-        Diffusion), or a pipeline holding one as ``.unet``.
+    pipe_or_model: a UNetMotionModel (AnimateDiff), UNetSpatioTemporalConditionModel (Stable Video
+        Diffusion) or LatteTransformer3DModel (Latte), or a pipeline holding one as ``.unet`` or
+        ``.transformer``.
     slices: pieces of the batch x frames dimension for spatial operators.
     temporal_slices: pieces of the image rows (motion modules, temporal ResNet blocks) or of the
-        spatial tokens (SVD's temporal transformer blocks); None means ``slices``.
+        spatial tokens (SVD's and Latte's temporal transformer blocks); None means ``slices``.
     Outputs equal the unsliced model's to float tolerance. Undo with :func:`unstreamline`.
     """
     cfg = StreamlineConfig(slices, temporal_slices).validate()

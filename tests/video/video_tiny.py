@@ -48,3 +48,23 @@ def svd_inputs(batch=1, frames=16, size=8, cross_dim=32, seed=1):
     ehs = torch.randn(batch, 1, cross_dim, generator=g)
     added = torch.tensor([[6.0, 127.0, 0.02]]).repeat(batch, 1)
     return x, torch.tensor(500.0), ehs, added
+
+
+def tiny_latte(seed: int = 0, frames: int = 16, size: int = 16):
+    """A random LatteTransformer3DModel (video transformer: spatial and temporal blocks alternate)."""
+    from diffusers import LatteTransformer3DModel
+
+    torch.manual_seed(seed)
+    return LatteTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=8, num_layers=2,
+        cross_attention_dim=32, sample_size=size, patch_size=2, caption_channels=24, video_length=frames,
+        activation_fn="gelu-approximate", num_embeds_ada_norm=1000, norm_type="ada_norm_single",
+        norm_elementwise_affine=False, norm_eps=1e-6,
+    ).eval()
+
+
+def latte_inputs(batch=1, frames=16, size=16, seed=1):
+    """(latents [B, 4, F, h, w], timestep [B], caption embeddings [B, 7, 24])."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 4, frames, size, size, generator=g)
+    return x, torch.full((batch,), 500), torch.randn(batch, 7, 24, generator=g)
