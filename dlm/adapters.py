@@ -6,7 +6,8 @@ predicts the token at absolute position `block_start + j`. The adapter hides:
 - models returning a tensor or an object with `.logits`;
 - left-padding attention masks and position ids;
 - the windowed KV-cache call of models that support it (`supports_dlm_kv_cache = True`, see
-  `dlm.tiny.modeling` for the exact signature).
+  `dlm.tiny.modeling` for the exact signature);
+- the block-causal capability (`dlm_block_causal = True`): the driver then feeds `x[:, :block_end]`.
 """
 from __future__ import annotations
 
@@ -85,6 +86,18 @@ class DLMAdapter:
     @property
     def supports_kv_cache(self) -> bool:
         return bool(getattr(self.model, "supports_dlm_kv_cache", False))
+
+    @property
+    def block_causal(self) -> bool:
+        """True when the model declares `dlm_block_causal = True` (on itself or its config): its
+        logits at positions before a block's end never depend on later positions, so the driver
+        forwards only `x[:, :block_end]` (LLaDA2-style block-diffusion models). Never inferred:
+        a bidirectional model (LLaDA, Dream, the built-in tiny model) would silently change."""
+        explicit = getattr(self.model, "dlm_block_causal", None)
+        if explicit is None:
+            config = _config_of(self.model)
+            explicit = getattr(config, "dlm_block_causal", None) if config is not None else None
+        return bool(explicit)
 
     @property
     def max_length(self) -> int | None:

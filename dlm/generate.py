@@ -81,7 +81,14 @@ def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, c
 
 
 class _BlockForward:
-    """Produces aligned block logits for one block, owning the KV cache of that block."""
+    """Produces aligned block logits for one block, owning the KV cache of that block.
+
+    It never feeds the model what cannot change the block's logits:
+    - a block-causal model (`DLMAdapter.block_causal`) gets only `x[:, :end]`: its positions before
+      `end` never attend past `end`, so the masked blocks after the current one are not computed;
+    - `live` (an index into the block's rows, see `_rows_needing_model`) drops rows whose answer is
+      already fixed; their logits come back as zeros, which the driver's EOS fill overwrites.
+    """
 
     def __init__(self, adapter: DLMAdapter, mode: str, refresh_every: int, cfg_scale: float,
                  prompt_length: int, attention_mask, position_ids):
@@ -89,40 +96,97 @@ class _BlockForward:
         self.cfg_scale, self.prompt_length = cfg_scale, prompt_length
         self.attention_mask, self.position_ids = attention_mask, position_ids
         self.cache = None
+        self.cache_rows = None  # `[Rc]` sorted block-row indices the cache holds (None: all rows)
         self.forward_tokens = 0
 
-    def __call__(self, x: torch.Tensor, step: int, start: int, end: int) -> tuple[torch.Tensor, bool]:
-        """Logits `[R, end-start, V]` for the block, and whether a full forward ran."""
+    def __call__(self, x: torch.Tensor, step: int, start: int, end: int,
+                 live: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+        """Logits `[R, end-start, V]` for the block, and whether a full forward ran.
+
+        `x` is `[R, L]`; with `live` (`[R']` sorted row indices) only those rows are forwarded and the
+        other rows' logits are zeros."""
         a = self.adapter
         full = self.mode == "none" or step == 0 or (self.refresh_every and step % self.refresh_every == 0)
+        x_in, mask, pos = self._inputs(x, end, live)
         if full:
-            raw = self._full(x)
-            return a.align(raw, 0, start, end), True
-        shift = 1 if a.shift_logits else 0
-        lo, hi = start - shift, (x.shape[1] if self.mode == "prefix" else end)
-        raw = a.window(x, self.cache, lo, hi, self.attention_mask, self.position_ids)
-        self.forward_tokens += x.shape[0] * (hi - lo)
-        return a.align(raw, lo, start, end), False
+            raw = self._full(x_in, mask, pos, live)
+            logits = a.align(raw, 0, start, end)
+        else:
+            shift = 1 if a.shift_logits else 0
+            lo, hi = start - shift, (x_in.shape[1] if self.mode == "prefix" else end)
+            raw = a.window(x_in, self._cache_for(live), lo, hi, mask, pos)
+            self.forward_tokens += x_in.shape[0] * (hi - lo)
+            logits = a.align(raw, lo, start, end)
+        if live is None:
+            return logits, full
+        out = logits.new_zeros((x.shape[0], *logits.shape[1:]))
+        out[live] = logits
+        return out, full
 
-    def _full(self, x: torch.Tensor) -> torch.Tensor:
+    def _inputs(self, x, end, live):
+        """The model's input: `x`, its attention mask and positions, cut to `:end` for a
+        block-causal model and to the `live` rows."""
+        mask, pos = self.attention_mask, self.position_ids
+        if self.adapter.block_causal:
+            x = x[:, :end]
+            mask = None if mask is None else mask[:, :end]
+            pos = None if pos is None else pos[:, :end]
+        if live is not None:
+            x = x[live]
+            mask = None if mask is None else mask[live]
+            pos = None if pos is None else pos[live]
+        return x, mask, pos
+
+    def _cache_for(self, live):
+        """The cache restricted to the `live` rows. Rows only ever leave within a block, so the
+        rows the cache holds (`cache_rows`, None for all) are a superset of `live`."""
+        held = self.cache_rows
+        if live is None or (held is not None and held.numel() == live.numel()):
+            return self.cache
+        return _index_cache(self.cache, live if held is None else torch.searchsorted(held, live))
+
+    def _full(self, x: torch.Tensor, mask, pos, live) -> torch.Tensor:
         a = self.adapter
         self.forward_tokens += x.numel()
         if self.cfg_scale > 0:
             # LLaDA's CFG: the unconditional input masks the prompt; one batched call.
             uncond = x.clone()
             uncond[:, : self.prompt_length] = a.mask_token_id
-            both_mask = None if self.attention_mask is None else self.attention_mask.repeat(2, 1)
-            both_pos = None if self.position_ids is None else self.position_ids.repeat(2, 1)
+            both_mask = None if mask is None else mask.repeat(2, 1)
+            both_pos = None if pos is None else pos.repeat(2, 1)
             logits, _ = a.full(torch.cat([x, uncond]), both_mask, both_pos)
             self.forward_tokens += x.numel()
             cond, un = logits.chunk(2)
             return un + (self.cfg_scale + 1) * (cond - un)
-        raw, cache = a.full(x, self.attention_mask, self.position_ids, use_cache=self.mode != "none")
+        raw, cache = a.full(x, mask, pos, use_cache=self.mode != "none")
         if self.mode != "none":
             if cache is None:
                 raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
-            self.cache = cache
+            self.cache, self.cache_rows = cache, live
         return raw
+
+
+def _index_cache(cache, rows: torch.Tensor):
+    """Select batch rows of a legacy cache (nested tuples/lists of `[B, ...]` tensors)."""
+    if isinstance(cache, torch.Tensor):
+        return cache[rows]
+    if isinstance(cache, (tuple, list)):
+        return type(cache)(_index_cache(c, rows) for c in cache)
+    raise RuntimeError(f"cannot select rows of a {type(cache).__name__} cache; pass eos_early_stop=False")
+
+
+def _rows_needing_model(block_x: torch.Tensor, eos_id: int, mask_id: int) -> torch.Tensor:
+    """`[R]` bool: rows whose output can still change (dInfer's EOS stop, applied at every step).
+
+    `block_x` `[R, Lb]` is the current block of rows still decoded (their earlier blocks are fully
+    committed and hold no EOS). A row is finished once the block holds an EOS with no mask before
+    it: the tokens before that EOS are committed and stay (the sampler does not remask) and
+    `_stop_at_eos` overwrites everything after it at the block's end, so another forward of that
+    row cannot change the output.
+    """
+    is_mask = (block_x == mask_id).long()
+    masks_before = is_mask.cumsum(dim=1) - is_mask  # masks strictly before each position
+    return ~((block_x == eos_id) & (masks_before == 0)).any(dim=1)
 
 
 def _full_attention(attention_mask, gen_length):
@@ -135,6 +199,13 @@ def _full_attention(attention_mask, gen_length):
     mask = torch.cat([attention_mask.long(), attention_mask.new_ones(attention_mask.shape[0], gen_length).long()], dim=1)
     positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
     return mask, positions
+
+
+def _live_index(needs: torch.Tensor) -> torch.Tensor | None:
+    """Sorted indices of the rows to forward, or None when every row needs the model (no copy)."""
+    if bool(needs.all()):
+        return None
+    return needs.nonzero().squeeze(1)
 
 
 def _stop_at_eos(x: torch.Tensor, rows: torch.Tensor, prompt_length: int, block_end: int, eos_id: int) -> torch.Tensor:
@@ -196,7 +267,10 @@ def generate(
             which reproduces the no-cache output exactly).
         cfg_scale: LLaDA classifier-free guidance weight (0 is off).
         eos_early_stop: once a finished block holds EOS, fill the rest of that row with EOS and stop
-            decoding it (dInfer); the other rows go on.
+            decoding it (dInfer); the other rows go on. With a sampler that does not remask, a row
+            also leaves the model's batch inside a block as soon as it holds an EOS with no mask
+            before it (its output is then fixed); the sampler still sees it, with zero logits, so
+            its random draws and the other rows' outputs are the same as without this skip.
         shift_logits: True for Dream-style models (`logits[:, i-1]` predicts token i); inferred from
             the config when None.
         callback / return_trace: observe each step as a `StepTrace`.
@@ -231,6 +305,8 @@ def generate(
         # The model defines its own position scheme; computed once, since the prompt never changes.
         positions = model_positions(x, full_mask)
     active = torch.ones(batch, dtype=torch.bool, device=device)
+    # Per-step EOS stop needs committed tokens to stay; a remasking sampler can still reopen them.
+    skip_finished = eos_early_stop and not policy.remasks
     state = policy.init_state(batch, total_length, device)
     trace: list[StepTrace] = []
     steps_per_block: list[int] = []
@@ -257,7 +333,12 @@ def generate(
             if not bool(masks_left.any()):  # one host sync per step: the block may finish early
                 break
             last = step == budget - 1
-            logits, was_full = forward(x_rows, step, start, end)
+            live = None
+            if skip_finished:
+                live = _live_index(_rows_needing_model(block_x, adapter.eos_token_id, mask_id))
+                if live is not None and live.numel() == 0:
+                    break  # every row is finished: the EOS fill below completes the block
+            logits, was_full = forward(x_rows, step, start, end, live)
             # The mask token is never a valid answer; an untrained or off-distribution model may
             # still rank it first, which would "commit" a mask.
             logits[..., mask_id] = float("-inf")
@@ -272,7 +353,8 @@ def generate(
             bar.update(1)
             if callback is not None or return_trace:
                 left = (new_block == mask_id).sum(dim=1)
-                record = StepTrace(block, step, nfe, rows, masks_left - left, left, was_full)
+                seen = slice(None) if live is None else live  # finished rows took no forward
+                record = StepTrace(block, step, nfe, rows[seen], (masks_left - left)[seen], left[seen], was_full)
                 if callback is not None:
                     callback(record)
                 if return_trace:
