@@ -94,8 +94,8 @@ def tiny():
     config = TinyDLMConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
                            num_attention_heads=4, intermediate_size=128)
     model = TinyDLMModel(config).eval()
-    with torch.no_grad():  # a large EOS embedding makes EOS win at many positions
-        model.embed_tokens.weight[config.eos_token_id] *= 12.0
+    with torch.no_grad():  # a larger EOS embedding makes EOS win at some positions
+        model.embed_tokens.weight[config.eos_token_id] *= 1.6
     return model
 
 
@@ -106,7 +106,10 @@ def test_cached_rows_are_selected_when_rows_finish(tiny, mode):
     ids = torch.randint(3, 40, (5, 7), generator=torch.Generator().manual_seed(5))
     kw = dict(gen_length=16, block_length=8, steps=16, eos_early_stop=True)
     plain = dlm.generate(tiny, ids, return_trace=True, **kw)
-    assert any(t.rows.numel() < ids.shape[0] for t in plain.trace if t.block == 0)
+    first = {}
+    for t in plain.trace:
+        first.setdefault(t.block, t.rows.numel())
+    assert any(t.rows.numel() < first[t.block] for t in plain.trace)  # rows left inside a block
     for refresh in (1, 0):
         cached = dlm.generate(tiny, ids, kv_cache=mode, cache_refresh_every=refresh, **kw)
         assert not (cached.sequences == tiny.config.mask_token_id).any()
