@@ -131,6 +131,16 @@ class DLMAdapter:
         logits, _ = self._call(x[:, start:end], attention_mask, **kw)
         return logits
 
+    def extend(self, x, cache, start: int, attention_mask, position_ids):
+        """Forward `x[:, start:]` against `cache` and return its raw logits `[B, L-start, V]` with
+        the cache whose slots `start:` now hold the window's K/V (slots before `start` are kept):
+        the prefix cache extended by one decoded block instead of recomputed."""
+        end = x.shape[1]
+        kw = {"past_key_values": cache, "cache_window": (start, end), "use_cache": True}
+        if position_ids is not None:
+            kw["position_ids"] = position_ids[:, start:end]
+        return self._call(x[:, start:end], attention_mask, **kw)
+
     def align(self, raw: torch.Tensor, raw_start: int, block_start: int, block_end: int) -> torch.Tensor:
         """Slice logits predicting tokens `block_start:block_end` out of raw logits that begin at
         absolute position `raw_start`. For shifted models the prediction of token i sits at i-1."""

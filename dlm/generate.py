@@ -80,6 +80,11 @@ def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, c
         raise ValueError(f"cache_refresh_every must be >= 0 (0 refreshes only at block starts), got {cache_refresh_every}")
 
 
+def _check_cache_reuse(cache_across_blocks: bool, kv_cache: str) -> None:
+    if cache_across_blocks and kv_cache == "none":
+        raise ValueError("cache_across_blocks=True needs a KV cache: pass kv_cache='prefix' or 'dual'")
+
+
 class _BlockForward:
     """Produces aligned block logits for one block, owning the KV cache of that block.
 
@@ -98,6 +103,7 @@ class _BlockForward:
         self.cache = None
         self.cache_rows = None  # `[Rc]` sorted block-row indices the cache holds (None: all rows)
         self.forward_tokens = 0
+        self.carried = None  # (cache of the previous block for these rows, that block's start)
 
     def __call__(self, x: torch.Tensor, step: int, start: int, end: int,
                  live: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
@@ -108,7 +114,10 @@ class _BlockForward:
         a = self.adapter
         full = self.mode == "none" or step == 0 or (self.refresh_every and step % self.refresh_every == 0)
         x_in, mask, pos = self._inputs(x, end, live)
-        if full:
+        if full and step == 0 and self.carried is not None:
+            raw, lo = self._extend(x_in, mask, pos)
+            logits = a.align(raw, lo, start, end)
+        elif full:
             raw = self._full(x_in, mask, pos, live)
             logits = a.align(raw, 0, start, end)
         else:
@@ -145,6 +154,20 @@ class _BlockForward:
             return self.cache
         return _index_cache(self.cache, live if held is None else torch.searchsorted(held, live))
 
+    def _extend(self, x, mask, pos) -> tuple[torch.Tensor, int]:
+        """Block start without a full forward: recompute only from the previous block's start (that
+        block is now decoded) to the end, against the prompt and earlier blocks' cached K/V.
+
+        Approximation (documented in `generate`): those cached K/V were computed when the later
+        positions still held masks; a full forward would recompute them with the decoded tokens."""
+        cache, lo = self.carried
+        raw, new_cache = self.adapter.extend(x, cache, lo, mask, pos)
+        if new_cache is None:
+            raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
+        self.cache, self.cache_rows = new_cache, None
+        self.forward_tokens += x.shape[0] * (x.shape[1] - lo)
+        return raw, lo
+
     def _full(self, x: torch.Tensor, mask, pos, live) -> torch.Tensor:
         a = self.adapter
         self.forward_tokens += x.numel()
@@ -164,6 +187,20 @@ class _BlockForward:
                 raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
             self.cache, self.cache_rows = cache, live
         return raw
+
+
+def _carry_cache(forward: _BlockForward, rows: torch.Tensor, start: int, next_rows: torch.Tensor):
+    """The cache a finished block hands to the next one, or None when it has none.
+
+    `rows` `[R]` are the finished block's batch rows and `next_rows` `[R']` the next block's: rows
+    only leave, and a row the cache dropped inside the block had finished, so `next_rows` is a subset
+    of the rows the cache holds. Returns `(cache for next_rows, start)`."""
+    if forward.cache is None:
+        return None
+    held = rows if forward.cache_rows is None else rows[forward.cache_rows]
+    idx = torch.searchsorted(held, next_rows)
+    cache = forward.cache if idx.numel() == held.numel() else _index_cache(forward.cache, idx)
+    return cache, start
 
 
 def _index_cache(cache, rows: torch.Tensor):
@@ -238,6 +275,7 @@ def generate(
     kv_cache: str = "none",
     cache_refresh_every: int = 0,
     cfg_scale: float = 0.0,
+    cache_across_blocks: bool = False,
     eos_early_stop: bool = False,
     shift_logits: bool | None = None,
     callback: Callable[[StepTrace], None] | None = None,
@@ -265,6 +303,11 @@ def generate(
             `supports_dlm_kv_cache`. The cache is rebuilt by a full forward at every block start and
             every `cache_refresh_every` steps inside a block (0: block starts only; 1: every step,
             which reproduces the no-cache output exactly).
+        cache_across_blocks: with a KV cache, start each block after the first by extending the
+            previous block's cache instead of a full forward: only the previous block (now decoded)
+            and what follows it are recomputed, the prompt's and earlier blocks' K/V are reused.
+            An approximation like the cache itself (those K/V were computed while later positions
+            were masks); with one block, or `kv_cache="none"`, it changes nothing.
         cfg_scale: LLaDA classifier-free guidance weight (0 is off).
         eos_early_stop: once a finished block holds EOS, fill the rest of that row with EOS and stop
             decoding it (dInfer); the other rows go on. With a sampler that does not remask, a row
@@ -295,6 +338,7 @@ def generate(
             f"prompt ({prompt_length} tokens) + gen_length ({gen_length}) = {total_length} exceeds the "
             f"model's context of {adapter.max_length} tokens; shorten the prompt or gen_length")
     policy = get_sampler(sampler, **(sampler_config or {}))
+    _check_cache_reuse(cache_across_blocks, kv_cache)
 
     mask_id = adapter.mask_token_id
     device = input_ids.device
@@ -307,6 +351,7 @@ def generate(
     active = torch.ones(batch, dtype=torch.bool, device=device)
     # Per-step EOS stop needs committed tokens to stay; a remasking sampler can still reopen them.
     skip_finished = eos_early_stop and not policy.remasks
+    previous = None  # (forward, rows, start) of the last block, whose cache the next block extends
     state = policy.init_state(batch, total_length, device)
     trace: list[StepTrace] = []
     steps_per_block: list[int] = []
@@ -324,6 +369,8 @@ def generate(
         sub_mask = None if full_mask is None else full_mask[rows]
         sub_pos = None if positions is None else positions[rows]
         forward = _BlockForward(adapter, kv_cache, cache_refresh_every, cfg_scale, prompt_length, sub_mask, sub_pos)
+        if previous is not None:
+            forward.carried = _carry_cache(*previous, rows)
         used = 0
         for step in range(budget):
             x_rows = x[rows]
@@ -360,6 +407,8 @@ def generate(
                 if return_trace:
                     trace.append(record)
         forward_tokens += forward.forward_tokens
+        if cache_across_blocks and not adapter.block_causal:  # a block-causal cache ends at `end`
+            previous = (forward, rows, start)
         steps_per_block.append(used)
         steps_left -= used
         if eos_early_stop:

@@ -162,3 +162,35 @@ def test_bidirectional_models_are_not_cut():
     model = ToyDLM()
     dlm.generate(model, torch.tensor([[1, 2, 3, 4]]), gen_length=16, block_length=8, steps=4)
     assert {c.shape[1] for c in model.calls} == {20}
+
+
+def test_extending_a_cache_of_the_same_sequence_equals_the_full_forward(tiny):
+    """The model-level property behind `cache_across_blocks`: when the cached K/V are those of
+    the current sequence, recomputing only `x[:, lo:]` gives the full forward's logits there."""
+    from dlm.adapters import DLMAdapter
+    adapter = DLMAdapter.wrap(tiny)
+    x = torch.randint(3, 40, (2, 20), generator=torch.Generator().manual_seed(7))
+    full, cache = adapter.full(x, None, None, use_cache=True)
+    part, new_cache = adapter.extend(x, cache, 12, None, None)
+    torch.testing.assert_close(part, full[:, 12:], rtol=1e-5, atol=1e-5)
+    for (k0, v0), (k1, v1) in zip(cache, new_cache):
+        torch.testing.assert_close(k1, k0, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+def test_cache_across_blocks_skips_the_prefix_and_is_deterministic(tiny, mode):
+    ids = torch.randint(3, 40, (3, 9), generator=torch.Generator().manual_seed(8))
+    kw = dict(gen_length=24, block_length=8, steps=12, kv_cache=mode, return_trace=True)
+    base = dlm.generate(tiny, ids, **kw)
+    runs = [dlm.generate(tiny, ids, cache_across_blocks=True, **kw) for _ in range(2)]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert not (runs[0].sequences == tiny.config.mask_token_id).any()
+    assert runs[0].nfe == base.nfe and runs[0].forward_tokens < base.forward_tokens
+    # Block 0 starts with the same full forward, so its tokens agree exactly.
+    assert torch.equal(runs[0].sequences[:, :17], base.sequences[:, :17])
+
+
+def test_cache_across_blocks_needs_a_cache(tiny):
+    with pytest.raises(ValueError, match="kv_cache='prefix'"):
+        dlm.generate(tiny, torch.tensor([[5, 6, 7]]), gen_length=8, cache_across_blocks=True)
