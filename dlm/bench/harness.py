@@ -42,7 +42,8 @@ KV_MODES = ("none", "prefix", "dual")
 class SamplerSpec:
     """One entry of `--samplers`: `name[:key=value[:key=value...]]`.
 
-    `kv=none|prefix|dual` picks the KV cache for this entry (else the run's `--kv-cache`); other
+    `kv=none|prefix|dual` picks the KV cache for this entry (else the run's `--kv-cache`);
+    `xblock=1` (with a cache) extends the cache from block to block (`generate(cache_across_blocks=True)`); other
     keys override the sampler's config (`threshold:tau=0.7`) or, for the diffusers baselines, the
     pipeline's keywords (`diffusers-llada2:threshold=0.9`). `label` is the entry as written.
     """
@@ -51,6 +52,7 @@ class SamplerSpec:
     name: str
     options: tuple = ()
     kv_cache: str | None = None
+    cache_across_blocks: bool = False
 
     @property
     def is_diffusers(self) -> bool:
@@ -89,7 +91,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         name, *opts = entry.split(":")
         if name not in known:
             raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(known)}")
-        options, kv = [], None
+        options, kv, xblock = [], None, False
         for opt in opts:
             if "=" not in opt:
                 raise ValueError(f"sampler option {opt!r} in {entry!r} must be key=value")
@@ -98,12 +100,18 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                 if value not in KV_MODES:
                     raise ValueError(f"kv={value!r} in {entry!r}: must be one of {', '.join(KV_MODES)}")
                 kv = value
+            elif key == "xblock":
+                if value not in ("0", "1"):
+                    raise ValueError(f"xblock={value!r} in {entry!r}: must be 0 or 1")
+                xblock = value == "1"
             else:
                 options.append((key, _parse_value(value)))
         if entry in seen:
             raise ValueError(f"sampler {entry!r} is listed twice")
         seen.add(entry)
-        spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv)
+        spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv, cache_across_blocks=xblock)
+        if xblock and (spec.is_diffusers or kv in (None, "none")):
+            raise ValueError(f"{entry!r}: xblock=1 extends a KV cache; add kv=prefix or kv=dual")
         if spec.is_diffusers and kv not in (None, "none"):
             raise ValueError(f"{entry!r}: diffusers' LLaDA2Pipeline has no KV cache (drop kv=)")
         if not spec.is_diffusers:
@@ -397,6 +405,7 @@ class _Runner:
             sampler=spec.name, sampler_config=spec.option_dict or None, temperature=cfg.temperature,
             mask_token_id=self.mask_id, eos_token_id=self.eos_id, attention_mask=attention_mask,
             generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache, eos_early_stop=cfg.eos_early_stop,
+            cache_across_blocks=spec.cache_across_blocks,
             callback=count)
         gen = out.sequences[:, input_ids.shape[1]:]
         return gen, per_row.tolist(), out.nfe, out.forward_tokens, out.seconds

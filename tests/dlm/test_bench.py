@@ -83,6 +83,14 @@ def test_sampler_spec_parsing():
     assert c.is_diffusers and c.option_dict == {"threshold": 0.9}
 
 
+def test_xblock_spec_needs_a_cache():
+    (d,) = parse_sampler_specs("confidence:kv=dual:xblock=1")
+    assert d.cache_across_blocks and d.kv_cache == "dual" and d.option_dict == {}
+    for bad in ("confidence:xblock=1", "confidence:kv=none:xblock=1", "confidence:kv=dual:xblock=yes"):
+        with pytest.raises(ValueError, match="xblock"):
+            parse_sampler_specs(bad)
+
+
 class _CountCalls:
     def __init__(self, module):
         self.n, self.lengths = 0, []
