@@ -130,6 +130,8 @@ def test_config_errors_name_the_field():
         get_sampler("saber", remask_divisor=0)
     with pytest.raises(ValueError, match="min_drop"):
         get_sampler("saber", min_drop=-0.1)
+    with pytest.raises(ValueError, match="valid options are .*backtrack"):
+        get_sampler("saber", remask=True)  # an unknown key is a ValueError too, not a TypeError
 
 
 @pytest.mark.parametrize("steps", [4, 16, 32])
