@@ -6,8 +6,8 @@ Each step, over the current block:
    position whose confidence p(x0) exceeds it is committed, and never fewer than
    `max(n, num_transfer)` (the most confident ones). As the context firms up, confidences rise above
    the mean and more tokens pass at once.
-2. Backtracking. For tokens committed at earlier steps, delta = p_now(token) - p_prev(token), the
-   change of the token's probability since the previous step. Up to
+2. Backtracking. For tokens committed at earlier steps, delta = c_now - c_prev, the change of the
+   position's confidence since the previous step (see `measure`). Up to
    `r = min(max(n // 2, ceil(fix / remask_divisor)), fix - num_transfer)` of them, those with the
    most negative delta, are masked again (`fix`: tokens committed this step). The cap keeps the net
    progress at least `num_transfer >= 1` per step, so the block still ends inside the driver's budget.
@@ -17,16 +17,24 @@ Each step, over the current block:
 The trap (the project's algorithm notes, 1.7): the reference code remasks `r` tokens every step once
 two are committed, even when every delta is positive, i.e. it throws away tokens the model has grown
 *more* sure of and pays forward passes to redo them. `backtrack` chooses:
-- "drop" (default): remask only tokens whose probability actually fell (delta < -min_drop);
+- "drop" (default): remask only tokens whose confidence actually fell (delta < -min_drop);
 - "always": the reference behaviour (the r smallest deltas, whatever their sign);
 - "off": no backtracking (adaptive threshold only; an ablation).
-Default "drop" because a token that gained probability under the new context is, by Saber's own
-argument, not one the new context contradicts.
+Default "drop" because a token whose confidence rose under the new context is, by Saber's own
+argument, not one the new context contradicts. Any fall counts by default (`min_drop` = 0), even
+one of 1e-6 that is numerical noise on a token held with p ~ 1; `min_drop` sets a margin.
 
-Reading choices where the reference is loose, written down as the project's notes ask:
-- delta is measured on the probability of the token that sits at the position; the reference uses the
-  top-1 probability at that position, which stays high when another token overtakes the committed
-  one, i.e. exactly when backtracking is needed. The two agree at commit time.
+What "confidence" means at a committed position (`measure`):
+- "top1" (default, the reference): the top-1 probability of the model's output there;
+- "token": the probability of the token that sits there, which falls when another token overtakes it.
+The default is the reference's because masked diffusion LMs are trained with the loss on masked
+positions only (LLaDA, the built-in tiny model), so their output at a committed position is not a
+trained prediction of that position's own token. On the built-in model, "token" remasks spaces of a
+sudoku answer that the model predicts with p ~ 1 while masked and then, once committed, outputs the
+end-of-text token there with p ~ 1 (p(space) ~ 0): the same two positions are remasked and
+recommitted step after step. With greedy decoding both readings agree at commit time.
+
+Other reading choices where the reference is loose, written down as the project's notes ask:
 - the running mean covers the tokens the row holds now (a remasked token leaves it); the reference
   keeps a remasked token's old confidence in the mean.
 - only tokens committed at earlier steps may be remasked (the reference may commit and remask the
@@ -44,6 +52,7 @@ from samplers.unmasking._common import commit, gather_prob, propose, top_k_mask
 from samplers.unmasking._state import row_buffer, seq_len, sizes_state, step_rows
 
 BACKTRACK_MODES = ("drop", "always", "off")
+MEASURES = ("top1", "token")
 
 
 @dataclass(frozen=True)
@@ -55,14 +64,17 @@ class SaberConfig(SamplerConfig):
     backtrack: "drop" (remask only on an actual confidence drop; default), "always" (the reference's
         unconditional remasking) or "off".
     remask_divisor: tokens backtracked grow as ceil(committed this step / remask_divisor) (published 8).
-    min_drop: with backtrack="drop", a token is remasked only if its probability fell by more than
+    min_drop: with backtrack="drop", a token is remasked only if its confidence fell by more than
         this (0 counts any drop).
+    measure: the confidence of a committed position: "top1" (the reference; default) or "token"
+        (the probability of the committed token).
     """
 
     n: int = 2
     backtrack: str = "drop"
     remask_divisor: int = 8
     min_drop: float = 0.0
+    measure: str = "top1"
 
     def validate(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -71,6 +83,8 @@ class SaberConfig(SamplerConfig):
             raise ValueError(f"backtrack must be one of {BACKTRACK_MODES}, got {self.backtrack!r}")
         if not isinstance(self.remask_divisor, int) or self.remask_divisor < 1:
             raise ValueError(f"remask_divisor must be an integer >= 1 (published: 8), got {self.remask_divisor!r}")
+        if self.measure not in MEASURES:
+            raise ValueError(f"measure must be one of {MEASURES}, got {self.measure!r}")
         if self.min_drop < 0:
             raise ValueError(f"min_drop must be >= 0 (0 counts any drop), got {self.min_drop}")
 
@@ -108,9 +122,11 @@ class SaberSampler(Sampler):
         mask_id = ctx.mask_token_id
         row_active = ctx.candidates.any(dim=-1, keepdim=True)
         held = ~ctx.candidates & row_active  # tokens committed at earlier steps of this block
-        # The probability of what sits at each position (a committed token, or the proposal at a mask).
-        safe_x = torch.where(held, ctx.x, proposal)
-        token_conf = torch.where(held, gather_prob(probs, safe_x), p_x0)
+        # Confidence at every position: p(x0) at a mask; at a committed token, per `measure`.
+        if cfg.measure == "token":
+            token_conf = torch.where(held, gather_prob(probs, torch.where(held, ctx.x, proposal)), p_x0)
+        else:
+            token_conf = probs.max(dim=-1).values
 
         rows, lb = step_rows(ctx), ctx.x.shape[1]
         cols = torch.arange(ctx.block_start, ctx.block_start + lb, device=ctx.x.device)

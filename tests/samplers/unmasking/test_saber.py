@@ -70,16 +70,18 @@ def test_backtracking_remasks_the_largest_drop():
     assert out.x.tolist() == [[MASK, 1, 2, 3, MASK, MASK]]
 
 
-def test_backtracking_uses_the_committed_tokens_probability_not_the_top1():
-    """A committed token overtaken by another one has dropped, although the top-1 probability did not."""
-    s = get_sampler("saber", n=2)
+@pytest.mark.parametrize("measure, remasked", [("token", True), ("top1", False)])
+def test_measure_token_sees_an_overtaken_token_top1_does_not(measure, remasked):
+    """Position 0 now predicts token 5 with 0.95: the committed token 0 fell to ~0.006, the top-1 rose."""
+    s = get_sampler("saber", n=2, measure=measure)
     state = fresh(s, 5)
     x = torch.full((1, 5), MASK)
     out = s.step(logits_for([0.9, 0.85, 0.1, 0.1, 0.1]), ctx_for(x, state))
     assert out.x.tolist() == [[0, 1, MASK, MASK, MASK]]
-    # Position 0 now predicts token 5 with 0.95: token 0 fell to ~0.006; position 1 rose to 0.9.
-    out = s.step(logits_for([0.95, 0.9, 0.9, 0.9, 0.1], tokens=[5, 1, 2, 3, 4]), ctx_for(out.x, state, step=1))
-    assert out.x[0, 0].item() == MASK and out.x[0, 1].item() == 1
+    # position 1: committed token 1 falls 0.85 -> 0.8 under both readings
+    out = s.step(logits_for([0.95, 0.8, 0.9, 0.9, 0.1], tokens=[5, 1, 2, 3, 4]), ctx_for(out.x, state, step=1))
+    assert (out.x[0, 0].item() == MASK) is remasked
+    assert (out.x[0, 1].item() == MASK) is not remasked
 
 
 @pytest.mark.parametrize("mode, expected", [("drop", [[0, 1, 2, 3, MASK, MASK]]), ("always", [[0, MASK, 2, 3, MASK, MASK]]),
@@ -128,6 +130,8 @@ def test_config_errors_name_the_field():
         get_sampler("saber", n=0)
     with pytest.raises(ValueError, match="remask_divisor"):
         get_sampler("saber", remask_divisor=0)
+    with pytest.raises(ValueError, match="measure must be one of"):
+        get_sampler("saber", measure="top2")
     with pytest.raises(ValueError, match="min_drop"):
         get_sampler("saber", min_drop=-0.1)
     with pytest.raises(ValueError, match="valid options are .*backtrack"):
