@@ -114,6 +114,10 @@ class Sampler:
     adaptive: ClassVar[bool] = False
 
     def __init__(self, config: SamplerConfig | None = None, **overrides: Any):
+        known = {f.name for f in dataclasses.fields(self.Config)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"sampler '{self.name}' has no option(s) {unknown}; valid options are {sorted(known)}")
         if config is None:
             config = self.Config(**overrides)
         elif overrides:
