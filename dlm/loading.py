@@ -101,8 +101,11 @@ def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.
         return _loaded(name_or_path, model, tokenizer, shift_logits)
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     _refuse_if_not_masked_diffusion(name_or_path, config, tokenizer)
-    model = _model_class(config).from_pretrained(
-        name_or_path, trust_remote_code=trust_remote_code, dtype=dtype or "auto")
+    from dlm._progress import loading_bars
+
+    with loading_bars():  # weight-loading bars only on a terminal
+        model = _model_class(config).from_pretrained(
+            name_or_path, trust_remote_code=trust_remote_code, dtype=dtype or "auto")
     model.to(device).eval()
     return _loaded(name_or_path, model, tokenizer, shift_logits)
 

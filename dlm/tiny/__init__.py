@@ -38,7 +38,10 @@ def load_tiny_dlm(path=None, device="cpu", dtype=torch.float32):
         raise FileNotFoundError(
             f"no tiny-dlm checkpoint at {d} (expected config.json, model.safetensors, "
             f"tokenizer.json); train one with scripts/train_tiny_dlm.py")
-    model = TinyDLMModel.from_pretrained(str(d), dtype=dtype)
+    from dlm._progress import loading_bars
+
+    with loading_bars():  # no "Loading weights" bar when stderr is redirected
+        model = TinyDLMModel.from_pretrained(str(d), dtype=dtype)
     model.to(device=device, dtype=dtype).eval()
     tokenizer = TinyCharTokenizer.from_pretrained(d)
     return model, tokenizer
