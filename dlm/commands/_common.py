@@ -6,8 +6,6 @@ import math
 import os
 from pathlib import Path
 
-import torch
-
 
 def positive_int(text: str) -> int:
     try:
@@ -32,6 +30,8 @@ def temperature_value(text: str) -> float:
 
 def device_value(text: str) -> str:
     """--device: a torch device this torch build can use (checked before any model loads)."""
+    import torch
+
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):
@@ -68,7 +68,9 @@ def quiet_transformers() -> None:
     logging.set_verbosity_error()
 
 
-def seeded_generator(seed: int) -> torch.Generator:
+def seeded_generator(seed: int):
+    import torch
+
     return torch.Generator().manual_seed(seed)
 
 

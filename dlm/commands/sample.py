@@ -6,7 +6,6 @@ import sys
 
 from dlm.commands._common import add_decoding_arguments, positive_int, quiet_transformers, seeded_generator
 from dlm._progress import show_progress
-from dlm.schedule import validate_lengths
 
 DEFAULT_PROMPT = "sort: tom fay ivy gus bo wes"
 
@@ -29,6 +28,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from samplers import get_sampler
     import dlm
+    from dlm.schedule import validate_lengths
 
     # Mistakes that need no model are reported before the (slow) load.
     get_sampler(args.sampler)
