@@ -5,6 +5,7 @@ Fast-dLLM (Wu et al., 2025) and dInfer's EOS early stop. The step policy is a `s
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -68,8 +69,8 @@ def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, c
         raise ValueError("input_ids is empty: give a prompt of at least one token")
     if attention_mask is not None and attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
     if kv_cache not in KV_CACHE_MODES:
         raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
     if cfg_scale < 0:
@@ -167,7 +168,7 @@ def generate(
     kv_cache: str = "none",
     cache_refresh_every: int = 0,
     cfg_scale: float = 0.0,
-    eos_early_stop: bool = False,
+    eos_early_stop: bool | None = None,
     shift_logits: bool | None = None,
     callback: Callable[[StepTrace], None] | None = None,
     return_trace: bool = False,
@@ -179,7 +180,10 @@ def generate(
     Args:
         model: callable `model(input_ids, attention_mask=None, **kw)` returning logits `[B, L, V]`
             or an object with `.logits`; or a `DLMAdapter`.
-        input_ids: `[B, P]` long prompts, left-padded when lengths differ (give `attention_mask`).
+        input_ids: `[B, P]` long prompts, left-padded when lengths differ (give `attention_mask`;
+            without it, a leading run of the pad id is taken as padding, see `check_prompt_ids`).
+            Encode text with the tokenizer's prompt convention (`tokenizer.encode_prompt(text)` for
+            the built-in tiny model, or `DLMPipeline`, which does it for you).
         gen_length: tokens to generate; a multiple of `block_length`.
         block_length: semi-autoregressive block size (default: `gen_length`, one block).
         steps: budget of forward passes for the whole generation (default: `gen_length`, one token
@@ -196,7 +200,8 @@ def generate(
             which reproduces the no-cache output exactly).
         cfg_scale: LLaDA classifier-free guidance weight (0 is off).
         eos_early_stop: once a finished block holds EOS, fill the rest of that row with EOS and stop
-            decoding it (dInfer); the other rows go on.
+            decoding it (dInfer); the other rows go on. None (default): on when the EOS id is known
+            (the same default in `DLMPipeline`, the CLI and `dlm bench`); False decodes every block.
         shift_logits: True for Dream-style models (`logits[:, i-1]` predicts token i); inferred from
             the config when None.
         callback / return_trace: observe each step as a `StepTrace`.
@@ -212,8 +217,11 @@ def generate(
     adapter = DLMAdapter.wrap(model, mask_token_id=mask_token_id, eos_token_id=eos_token_id, shift_logits=shift_logits)
     if kv_cache != "none" and not adapter.supports_kv_cache:
         raise ValueError(f"kv_cache={kv_cache!r} needs a model with KV-cache support (supports_dlm_kv_cache); use kv_cache='none'")
-    if eos_early_stop and adapter.eos_token_id is None:
+    if eos_early_stop is None:
+        eos_early_stop = adapter.eos_token_id is not None
+    elif eos_early_stop and adapter.eos_token_id is None:
         raise ValueError("eos_early_stop=True needs eos_token_id (pass it or use a model whose config has it)")
+    attention_mask = check_prompt_ids(adapter, input_ids, attention_mask)
     batch, prompt_length = input_ids.shape
     total_length = prompt_length + gen_length
     if adapter.max_length is not None and total_length > adapter.max_length:
@@ -288,6 +296,46 @@ def generate(
     return GenerateOutput(
         sequences=x, nfe=nfe, tpf=gen_length / max(nfe, 1), seconds=seconds,
         forward_tokens=forward_tokens, steps_per_block=steps_per_block, trace=trace)
+
+
+def check_prompt_ids(adapter: DLMAdapter, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+    """Refuse prompts the model would silently get wrong; returns the attention mask to use.
+
+    - ids outside the vocabulary (the embedding lookup would fail deep inside the model);
+    - the mask id inside a real prompt token (the model would treat it as a blank to fill);
+    - a model whose config names a prompt separator (`position_restart_token_id`, the tiny model's
+      newline) needs every prompt to end with it;
+    - left padding without `attention_mask`: rows starting with the pad id get a mask that hides
+      that leading run (the documented convention); when the pad id is also the EOS or mask id the
+      padding cannot be told apart, so we refuse and ask for `attention_mask`.
+    Shapes: input_ids `[B, P]`, attention_mask `[B, P]` or None.
+    """
+    vocab = adapter.vocab_size
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or (vocab is not None and high >= vocab):
+        bad = low if low < 0 else high
+        raise ValueError(f"input_ids contains token id {bad}, outside the model's vocabulary (0..{(vocab or 0) - 1}); "
+                         "encode the prompt with the model's tokenizer")
+    pad = adapter.pad_token_id
+    if attention_mask is None and pad is not None and bool((input_ids[:, 0] == pad).any()):
+        if pad in (adapter.eos_token_id, adapter.mask_token_id):
+            raise ValueError(f"input_ids rows start with token {pad}, which is the pad id and also the EOS or mask id, "
+                             "so left padding cannot be detected; pass attention_mask (0 on padding, 1 on prompt tokens)")
+        attention_mask = ((input_ids != pad).long().cummax(dim=1).values)
+        if not bool(attention_mask[:, -1].all()):
+            raise ValueError(f"a row of input_ids is all padding (pad id {pad}); give every row a prompt")
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    hit = (input_ids == adapter.mask_token_id) & real
+    if bool(hit.any()):
+        row, col = (int(v) for v in hit.nonzero()[0])
+        raise ValueError(f"the prompt contains the mask token id {adapter.mask_token_id} (row {row}, position {col}); "
+                         "a prompt must not contain masks: remove it, or pass the right mask_token_id")
+    separator = adapter.prompt_separator_id
+    if separator is not None and not bool((input_ids[:, -1] == separator).all()):
+        row = int((input_ids[:, -1] != separator).nonzero()[0])
+        raise ValueError(f"prompt row {row} does not end with the model's prompt separator (token {separator}); "
+                         "encode prompts with tokenizer.encode_prompt(text) or use DLMPipeline")
+    return attention_mask
 
 
 def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, last: bool, mask_id: int) -> torch.Tensor:

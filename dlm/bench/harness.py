@@ -61,23 +61,10 @@ class SamplerSpec:
         return dict(self.options)
 
 
-def _parse_value(text: str):
-    low = text.lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
     """Parse `a,b:key=v,c` into specs; ValueError names an unknown sampler or a malformed option."""
     from samplers import available_samplers
+    from samplers.registry import parse_option_value
 
     entries = text if isinstance(text, list) else [t for t in text.split(",")]
     entries = [e.strip() for e in entries if e.strip()]
@@ -99,7 +86,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                     raise ValueError(f"kv={value!r} in {entry!r}: must be one of {', '.join(KV_MODES)}")
                 kv = value
             else:
-                options.append((key, _parse_value(value)))
+                options.append((key, parse_option_value(value)))
         if entry in seen:
             raise ValueError(f"sampler {entry!r} is listed twice")
         seen.add(entry)

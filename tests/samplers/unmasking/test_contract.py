@@ -20,6 +20,7 @@ def run(name, model=None, steps=16, temperature=1.0, seed=0, prompt=PROMPT, **kw
     gen = torch.Generator().manual_seed(seed)
     kw.setdefault("gen_length", 16)
     kw.setdefault("block_length", 8)
+    kw.setdefault("eos_early_stop", False)  # the budget checks below need every block decoded
     return dlm.generate(model, prompt, steps=steps, sampler=name, temperature=temperature, generator=gen, **kw)
 
 
