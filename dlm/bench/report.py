@@ -8,7 +8,7 @@ from pathlib import Path
 from dlm.bench.harness import BenchResult
 
 COLUMNS = (("sampler", "sampler", "{}"), ("budget", "steps", "{}"), ("quality", "quality%", "{:.1f}"),
-           ("nfe", "NFE/seq", "{:.1f}"), ("nfe_per_call", "NFE/call", "{:.1f}"), ("tpf", "TPF", "{:.2f}"),
+           ("nfe", "NFE/seq", "{:.1f}"), ("branch_forwards", "branchF/seq", "{:.1f}"), ("nfe_per_call", "NFE/call", "{:.1f}"), ("tpf", "TPF", "{:.2f}"),
            ("tokens_per_s", "tok/s", "{:.0f}"), ("seconds", "seconds", "{:.2f}"), ("peak_mem_mb", "peakMB", "{:.0f}"))
 
 
@@ -90,7 +90,7 @@ def write_csv(result: BenchResult, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tasks = result.meta.get("suite_tasks", [])
-    base = ["sampler", "budget", "engine", "kv_cache", "n", "quality", "nfe", "nfe_per_call", "tpf",
+    base = ["sampler", "budget", "engine", "kv_cache", "n", "quality", "nfe", "branch_forwards", "nfe_per_call", "tpf",
             "tokens_per_s", "seconds", "forward_tokens", "peak_mem_mb", "mem_method"]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
