@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -62,6 +62,8 @@ class GenerateOutput:
         forward_tokens: query positions processed over all calls and rows (compute proxy).
         steps_per_block: forward passes each block actually used.
         trace: per-step records when `return_trace=True`.
+        experts: for an ensemble (`sampler="hex"`), a `dlm.ensemble.HexExperts` with every
+            expert's output and answer; None otherwise.
     """
 
     sequences: torch.Tensor
@@ -72,6 +74,7 @@ class GenerateOutput:
     steps_per_block: list[int]
     trace: list[StepTrace] = field(default_factory=list)
     branch_forwards: int = 0
+    experts: Any = None
 
 
 def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, cache_refresh_every):
@@ -274,6 +277,7 @@ def generate(
             against the same budget, one pass per batched call; the driver offers `ctx.forward`
             only while the block has a pass to spare, so the budget holds for them too.
         sampler: registry name or `Sampler` object; `sampler_config` overrides its config by name.
+            An ensemble (`"hex"`) runs its experts through `dlm.ensemble` and ignores `block_length`.
         temperature: 0 is greedy; > 0 samples with Gumbel-max in float64 using `generator`.
         mask_token_id / eos_token_id: taken from the model config when not given.
         attention_mask: `[B, P]`, 1 for real prompt tokens, 0 for left padding.
@@ -294,6 +298,18 @@ def generate(
         `.seconds`.
     """
     steps = gen_length if steps is None else steps
+    policy = get_sampler(sampler, **(sampler_config or {}))
+    if policy.ensemble:
+        # HEX decides over whole generations: each expert is a call of this function with its own
+        # block length (`block_length` is not used: the experts' block lengths are the config's).
+        from dlm.ensemble import hex_generate
+
+        return hex_generate(
+            model, input_ids, gen_length=gen_length, steps=steps, config=policy.config, callback=callback,
+            return_trace=return_trace, temperature=temperature, mask_token_id=mask_token_id,
+            eos_token_id=eos_token_id, attention_mask=attention_mask, generator=generator, kv_cache=kv_cache,
+            cache_refresh_every=cache_refresh_every, cfg_scale=cfg_scale, eos_early_stop=eos_early_stop,
+            shift_logits=shift_logits, progress=progress)
     block_length = gen_length if block_length is None else block_length
     num_blocks = validate_lengths(gen_length, block_length, steps)
     _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, cache_refresh_every)
@@ -308,7 +324,6 @@ def generate(
         raise ValueError(
             f"prompt ({prompt_length} tokens) + gen_length ({gen_length}) = {total_length} exceeds the "
             f"model's context of {adapter.max_length} tokens; shorten the prompt or gen_length")
-    policy = get_sampler(sampler, **(sampler_config or {}))
 
     mask_id = adapter.mask_token_id
     device = input_ids.device

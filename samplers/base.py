@@ -124,6 +124,8 @@ class Sampler:
         adaptive: True if the sampler may commit more than `num_transfer` tokens in a step
             (it then finishes blocks with fewer forward passes than the budget).
         looks_ahead: True if the sampler evaluates candidate blocks through `ctx.forward`.
+        ensemble: True if the "sampler" combines whole generations (HEX) instead of deciding
+            steps; `dlm.generate` hands such a name to `dlm.ensemble`.
     """
 
     name: ClassVar[str] = ""
@@ -131,6 +133,7 @@ class Sampler:
     remasks: ClassVar[bool] = False
     adaptive: ClassVar[bool] = False
     looks_ahead: ClassVar[bool] = False
+    ensemble: ClassVar[bool] = False
 
     def __init__(self, config: SamplerConfig | None = None, **overrides: Any):
         if config is None:

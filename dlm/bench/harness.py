@@ -377,9 +377,11 @@ class _Runner:
             self._pipe = build_pipeline(self.model, self.tokenizer)
         return self._pipe
 
-    def run(self, spec: SamplerSpec, budget: int, input_ids, attention_mask, generator) -> tuple:
+    def run(self, spec: SamplerSpec, budget: int, input_ids, attention_mask, generator, extract=None) -> tuple:
         """Returns generated ids `[B, gen_length]`, per-row NFE, batch NFE, forward tokens, seconds,
-        per-row branch forwards."""
+        per-row branch forwards, and for an ensemble (hex) its `HexExperts` (else None).
+
+        `extract(row, generated ids) -> answer` is the ensemble's answer extractor (hex votes on it)."""
         cfg = self.cfg
         if spec.is_diffusers:
             pipe, wrapper = self.pipe()
@@ -390,8 +392,9 @@ class _Runner:
                              block_length=cfg.block_length, steps=budget, temperature=cfg.temperature,
                              generator=generator, options=opts, mask_token_id=self.mask_id, eos_token_id=self.eos_id)
             per_row = [out.nfe] * input_ids.shape[0]
-            return out.sequences, per_row, out.nfe, out.forward_tokens, out.seconds, per_row
+            return out.sequences, per_row, out.nfe, out.forward_tokens, out.seconds, per_row, None
         import dlm
+        from samplers import get_sampler
 
         per_row = torch.zeros(input_ids.shape[0], dtype=torch.long)
         per_row_branches = torch.zeros(input_ids.shape[0], dtype=torch.long)
@@ -401,14 +404,35 @@ class _Runner:
             per_row[rows] += trace.forwards
             per_row_branches[rows] += trace.branch_forwards
 
-        out = dlm.generate(
-            self.model, input_ids, gen_length=cfg.gen_length, block_length=cfg.block_length, steps=budget,
-            sampler=spec.name, sampler_config=spec.option_dict or None, temperature=cfg.temperature,
-            mask_token_id=self.mask_id, eos_token_id=self.eos_id, attention_mask=attention_mask,
-            generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache, eos_early_stop=cfg.eos_early_stop,
-            callback=count)
+        kw = dict(temperature=cfg.temperature, mask_token_id=self.mask_id, eos_token_id=self.eos_id,
+                  attention_mask=attention_mask, generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache,
+                  eos_early_stop=cfg.eos_early_stop, callback=count)
+        policy = get_sampler(spec.name, **spec.option_dict)
+        if policy.ensemble:
+            from dlm.ensemble import hex_generate
+            out = hex_generate(self.model, input_ids, gen_length=cfg.gen_length, steps=budget, config=policy.config,
+                               extract=extract, **kw)
+        else:
+            out = dlm.generate(self.model, input_ids, gen_length=cfg.gen_length, block_length=cfg.block_length,
+                               steps=budget, sampler=policy, **kw)
         gen = out.sequences[:, input_ids.shape[1]:]
-        return gen, per_row.tolist(), out.nfe, out.forward_tokens, out.seconds, per_row_branches.tolist()
+        return gen, per_row.tolist(), out.nfe, out.forward_tokens, out.seconds, per_row_branches.tolist(), out.experts
+
+
+def _score_experts(experts, chunk, prompt_length, tokenizer, eos_id, task_of, into: dict) -> None:
+    """Add each HEX expert's task scores on this batch to `into[block_length]` (a list)."""
+    for e, block in enumerate(experts.block_lengths):
+        for ex, row in zip(chunk, experts.sequences[e, :, prompt_length:].tolist()):
+            text = tokenizer.decode(_cut_at_eos(row, eos_id), skip_special_tokens=True)
+            into.setdefault(block, []).append(float(task_of[ex.task].score(ex, text)))
+
+
+def _expert_summary(scores: dict, n: int) -> dict:
+    """`extra` of a HEX pair: each expert's quality (as if run alone, same passes) and the best."""
+    if not scores:
+        return {}
+    quality = {str(b): 100.0 * sum(v) / len(v) for b, v in sorted(scores.items())}
+    return {"expert_quality": quality, "best_expert_quality": max(quality.values())}
 
 
 def _engine_key(spec: SamplerSpec, cfg: BenchConfig) -> str:
@@ -455,11 +479,17 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
             bar.set_postfix_str(f"{spec.label} steps={budget}")
             generator = torch.Generator().manual_seed(cfg.seed)
             scores, by_task, per_seq_nfe, call_nfe, per_seq_branches = [], {}, [], [], []
-            seconds, forward_tokens, samples = 0.0, 0, []
+            seconds, forward_tokens, samples, expert_scores = 0.0, 0, [], {}
             with PeakMemory(device) as mem:
                 for chunk, ids, mask in batches:
-                    gen, row_nfe, nfe, ftok, sec, row_branches = runner.run(spec, budget, ids, mask, generator)
+                    def extract(row, generated, chunk=chunk):
+                        text = tokenizer.decode(_cut_at_eos(generated.tolist(), runner.eos_id), skip_special_tokens=True)
+                        return task_of[chunk[row].task].extract(text)
+
+                    gen, row_nfe, nfe, ftok, sec, row_branches, experts = runner.run(spec, budget, ids, mask, generator, extract)
                     per_seq_branches.extend(row_branches)
+                    if experts is not None:
+                        _score_experts(experts, chunk, ids.shape[1], tokenizer, runner.eos_id, task_of, expert_scores)
                     seconds += sec
                     forward_tokens += ftok
                     call_nfe.append(nfe)
@@ -482,7 +512,8 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
                 nfe=total_nfe / n, nfe_per_call=sum(call_nfe) / len(call_nfe),
                 tpf=n * cfg.gen_length / max(total_nfe, 1), tokens_per_s=n * cfg.gen_length / max(seconds, 1e-9),
                 seconds=seconds, forward_tokens=forward_tokens, peak_mem_mb=mem.peak_mb, mem_method=mem.method,
-                branch_forwards=sum(per_seq_branches) / n, samples=samples))
+                branch_forwards=sum(per_seq_branches) / n, samples=samples,
+                extra=_expert_summary(expert_scores, n)))
     bar.close()
     if not pairs:
         raise ValueError("the benchmark produced no results")

@@ -37,6 +37,11 @@ def format_table(result: BenchResult) -> str:
     if len(tasks) > 1:
         trows = [[f"{p.sampler}@{p.budget}"] + [_fmt("{:.0f}", p.quality_by_task.get(t)) for t in tasks] for p in pairs]
         text += "\n\nquality% by task\n" + _grid(["sampler@steps"] + list(tasks), trows)
+    experts = [p for p in pairs if (p.extra or {}).get("expert_quality")]
+    if experts:  # HEX: each expert's quality beside the vote's
+        trows = [[f"{p.sampler}@{p.budget}", f"{p.quality:.1f}", f"{p.extra['best_expert_quality']:.1f}",
+                  " ".join(f"b{b}:{q:.0f}" for b, q in p.extra["expert_quality"].items())] for p in experts]
+        text += "\n\nensemble vs its experts (quality%)\n" + _grid(["sampler@steps", "vote", "best expert", "experts"], trows)
     targets = result.meta.get("targets") or {}
     if targets:
         trows = [[name, f"{t['reference_quality']:.1f}@{t['reference_budget']}", str(t["min_budget"]),

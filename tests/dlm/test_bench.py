@@ -169,3 +169,16 @@ def test_bench_counts_lookahead_branches(tiny_dir, tmp_path, capsys):
     assert lopa["nfe"] < lopa["branch_forwards"] <= 3 * lopa["nfe"]
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert float(rows[1]["branch_forwards"]) == pytest.approx(lopa["branch_forwards"])
+
+
+def test_bench_runs_hex_with_the_suite_extractor(tiny_dir, tmp_path, capsys):
+    """hex by name in the bench: its NFE is the experts' sum, each expert's quality is reported."""
+    rc = main(["bench", "--model", tiny_dir, "--suite", "arithmetic", "--samplers", "hex:block_lengths=4/8/16",
+               "--steps", "16", "--limit", "2", "--gen-length", "16", "--block-length", "8",
+               "--out", str(tmp_path), "--no-plots"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "ensemble vs its experts" in captured.out
+    pair = json.loads((tmp_path / "results.json").read_text())["pairs"][0]
+    assert 0 < pair["nfe"] <= 16 and pair["branch_forwards"] == pair["nfe"]
+    assert set(pair["extra"]["expert_quality"]) == {"4", "8", "16"}

@@ -126,16 +126,26 @@ def test_committed_tokens_stay_and_every_step_progresses(name):
     out = run(name, model=model, steps=16, return_trace=True)
     mask_id = model.config.mask_token_id
     # Block states before/after every step, from the trace (lookahead calls feed the model
-    # candidate blocks, so the model's inputs are not the sequence of states).
-    for block in (0, 1):
-        states = [r.tokens for r in out.trace if r.block == block]
-        start = 5 + 8 * block
-        before = [torch.full_like(states[0], mask_id)] + states[:-1]
-        for prev, new in zip(before, states):
-            if not sampler_class(name).remasks:
-                committed = prev != mask_id
-                assert torch.equal(prev[committed], new[committed])
-        assert torch.equal(states[-1], out.sequences[:, start:start + 8])
+    # candidate blocks, so the model's inputs are not the sequence of states). An ensemble's trace
+    # holds one generation per expert, each starting again at block 0, step 0.
+    runs = []
+    for r in out.trace:
+        if r.block == 0 and r.step == 0:
+            runs.append([])
+        runs[-1].append(r)
+    finals = out.sequences.unsqueeze(0) if out.experts is None else out.experts.sequences
+    assert len(runs) == len(finals)
+    for run_trace, final in zip(runs, finals):
+        for block in sorted({r.block for r in run_trace}):
+            states = [r.tokens for r in run_trace if r.block == block]
+            width = states[0].shape[1]
+            start = 5 + width * block
+            before = [torch.full_like(states[0], mask_id)] + states[:-1]
+            for prev, new in zip(before, states):
+                if not sampler_class(name).remasks:
+                    committed = prev != mask_id
+                    assert torch.equal(prev[committed], new[committed])
+            assert torch.equal(states[-1], final[:, start:start + width])
     for record in out.trace:
         progressed = record.committed[record.masks_left + record.committed > 0]
         assert (progressed >= 1).all()
