@@ -185,3 +185,32 @@ def test_config_round_trips_through_json(name):
 def test_unknown_sampler_lists_valid_names():
     with pytest.raises(ValueError, match="valid samplers: .*confidence"):
         get_sampler("nope")
+
+
+class _Overspender(_GreedyLookahead):
+    """Ignores `ctx.forwards_left` and keeps calling."""
+
+    name = "test-overspender"
+
+    def step(self, logits, ctx):
+        while ctx.forward is not None:
+            ctx.forward(torch.stack([ctx.x], dim=1))
+        return super().step(logits, ctx)
+
+
+class _ForeignLogits(_GreedyLookahead):
+    """Hands back logits that no ctx.forward call produced."""
+
+    name = "test-foreign-logits"
+
+    def step(self, logits, ctx):
+        s = step_stats(logits, ctx)
+        x = commit(ctx.x, s.proposal, top_k_mask(s.confidence, ctx.candidates, ctx.num_transfer))
+        return StepResult(x, s.proposal, s.confidence, next_logits=logits)
+
+
+def test_driver_refuses_lookahead_past_the_budget():
+    with pytest.raises(RuntimeError, match="budget is spent"):
+        dlm.generate(ToyDLM(), PROMPT, gen_length=16, block_length=8, steps=4, sampler=_Overspender())
+    with pytest.raises(RuntimeError, match="must come from this step's ctx.forward"):
+        dlm.generate(ToyDLM(), PROMPT, gen_length=16, block_length=8, steps=16, sampler=_ForeignLogits())
