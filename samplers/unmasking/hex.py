@@ -1,5 +1,6 @@
-"""HEX: hidden semi-autoregressive experts (Lee et al., 2025, "Test-Time Scaling in Diffusion
-LLMs via Hidden Semi-Autoregressive Experts", arXiv:2510.05040).
+"""HEX: an ensemble of block-length experts with a majority vote (Lee et al., 2025).
+
+Paper: "Test-Time Scaling in Diffusion LLMs via Hidden Semi-Autoregressive Experts", arXiv:2510.05040.
 
 A masked diffusion LM trained on random masks has implicitly learnt many generation orders; the
 block length of semi-autoregressive decoding picks one. HEX runs the same prompt under several

@@ -1,5 +1,6 @@
-"""LoPA: lookahead parallel decoding by token-filling-order search (Xu et al., 2025,
-"LoPA: Scaling dLLM Inference via Lookahead Parallel Decoding", arXiv:2512.16229).
+"""LoPA: lookahead parallel decoding, a search over token-filling orders (Xu et al., 2025).
+
+Paper: "LoPA: Scaling dLLM Inference via Lookahead Parallel Decoding", arXiv:2512.16229.
 
 How many tokens a threshold decoder commits per forward pass depends on the order in which it
 fills the block: some orders leave the rest of the block confident (many tokens pass the
