@@ -8,7 +8,7 @@ from pathlib import Path
 from dlm.bench.harness import BenchResult
 
 COLUMNS = (("sampler", "sampler", "{}"), ("budget", "steps", "{}"), ("quality", "quality%", "{:.1f}"),
-           ("nfe", "NFE/seq", "{:.1f}"), ("nfe_per_call", "NFE/call", "{:.1f}"), ("tpf", "TPF", "{:.2f}"),
+           ("nfe", "NFE/seq", "{:.1f}"), ("branch_forwards", "branchF/seq", "{:.1f}"), ("nfe_per_call", "NFE/call", "{:.1f}"), ("tpf", "TPF", "{:.2f}"),
            ("tokens_per_s", "tok/s", "{:.0f}"), ("seconds", "seconds", "{:.2f}"), ("peak_mem_mb", "peakMB", "{:.0f}"))
 
 
@@ -37,6 +37,11 @@ def format_table(result: BenchResult) -> str:
     if len(tasks) > 1:
         trows = [[f"{p.sampler}@{p.budget}"] + [_fmt("{:.0f}", p.quality_by_task.get(t)) for t in tasks] for p in pairs]
         text += "\n\nquality% by task\n" + _grid(["sampler@steps"] + list(tasks), trows)
+    experts = [p for p in pairs if (p.extra or {}).get("expert_quality")]
+    if experts:  # HEX: each expert's quality beside the vote's
+        trows = [[f"{p.sampler}@{p.budget}", f"{p.quality:.1f}", f"{p.extra['best_expert_quality']:.1f}",
+                  " ".join(f"b{b}:{q:.0f}" for b, q in p.extra["expert_quality"].items())] for p in experts]
+        text += "\n\nensemble vs its experts (quality%)\n" + _grid(["sampler@steps", "vote", "best expert", "experts"], trows)
     targets = result.meta.get("targets") or {}
     if targets:
         trows = [[name, f"{t['reference_quality']:.1f}@{t['reference_budget']}", str(t["min_budget"]),
@@ -90,7 +95,7 @@ def write_csv(result: BenchResult, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tasks = result.meta.get("suite_tasks", [])
-    base = ["sampler", "budget", "engine", "kv_cache", "n", "quality", "nfe", "nfe_per_call", "tpf",
+    base = ["sampler", "budget", "engine", "kv_cache", "n", "quality", "nfe", "branch_forwards", "nfe_per_call", "tpf",
             "tokens_per_s", "seconds", "forward_tokens", "peak_mem_mb", "mem_method"]
     with path.open("w", newline="") as f:
         w = csv.writer(f)

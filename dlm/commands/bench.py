@@ -82,7 +82,7 @@ def run(args) -> int:
         print(table, file=sys.stderr)
         summary = {"suite": args.suite, "model": result.config["model"], "out": str(out_dir), "files": files,
                    "pairs": [{k: getattr(p, k) for k in ("sampler", "budget", "engine", "kv_cache", "n", "quality",
-                                                         "nfe", "nfe_per_call", "tpf", "tokens_per_s", "seconds",
+                                                         "nfe", "branch_forwards", "nfe_per_call", "tpf", "tokens_per_s", "seconds",
                                                          "peak_mem_mb", "quality_by_task")} for p in result.pairs],
                    "targets": result.meta.get("targets", {}), "vs_diffusers": result.meta.get("vs_diffusers", {})}
         print(json.dumps(summary))
