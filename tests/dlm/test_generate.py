@@ -31,7 +31,7 @@ def test_tokens_per_step_matches_llada_split():
 
 
 def test_uneven_budget_is_used_exactly():
-    out = dlm.generate(ToyDLM(), PROMPT, gen_length=32, block_length=8, steps=10)
+    out = dlm.generate(ToyDLM(), PROMPT, gen_length=32, block_length=8, steps=10, eos_early_stop=False)
     assert out.steps_per_block == [3, 3, 2, 2] and out.nfe == 10
 
 
@@ -104,8 +104,10 @@ def test_eos_early_stop_skips_the_remaining_blocks():
     # Only the first block is decoded, and only until its answer is fixed: ties commit left to right,
     # so after 4 steps the block reads 5 5 5 EOS with nothing masked before the EOS.
     assert out.nfe == 4
-    plain = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32)
+    plain = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32, eos_early_stop=False)
     assert plain.nfe == 32 and torch.equal(plain.sequences, out.sequences)
+    default = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32)
+    assert default.nfe == 4  # on by default when the EOS id is known
 
 
 def test_finished_rows_leave_the_batch():
