@@ -181,7 +181,7 @@ def test_extending_a_cache_of_the_same_sequence_equals_the_full_forward(tiny):
 @pytest.mark.parametrize("mode", ["prefix", "dual"])
 def test_cache_across_blocks_skips_the_prefix_and_is_deterministic(tiny, mode):
     ids = torch.randint(3, 40, (3, 9), generator=torch.Generator().manual_seed(8))
-    kw = dict(gen_length=24, block_length=8, steps=12, kv_cache=mode, return_trace=True)
+    kw = dict(gen_length=24, block_length=8, steps=12, kv_cache=mode, return_trace=True, eos_early_stop=False)
     base = dlm.generate(tiny, ids, **kw)
     runs = [dlm.generate(tiny, ids, cache_across_blocks=True, **kw) for _ in range(2)]
     assert torch.equal(runs[0].sequences, runs[1].sequences)
