@@ -34,7 +34,10 @@ def _noise(dtype, n=256, shape=(2,), seed=0):
 
 
 def _loop(sched, steps, x, model=ORACLE, seed=None, set_kw=None, **step_kw):
-    sched.set_timesteps(steps, **(set_kw or {}))
+    if steps is None:
+        sched.set_timesteps(**set_kw)
+    else:
+        sched.set_timesteps(steps, **(set_kw or {}))
     g = None if seed is None else torch.Generator().manual_seed(seed)
     for t in sched.timesteps:
         kw = dict(step_kw)
@@ -209,7 +212,8 @@ def test_functional_forms_equal_schedulers():
         s.set_timesteps(12)
         grid = [int(t) for t in s._grid]
         r = sample_pndm(ORACLE.eps_fn, x, s.alphas_cumprod, grid, skip_prk_steps=skip)
-        torch.testing.assert_close(r.sample, _loop(s, 12, x))
+        # T // 12 is odd, so diffusers' PRK midpoints differ from the grid plan: compare on the custom grid.
+        torch.testing.assert_close(r.sample, _loop(s, None, x, set_kw={"timesteps": grid}))
         assert r.nfe == pndm_nfe(12, skip) == len(s.timesteps)
     s = DDIMSolver(clip_sample=False)
     s.set_timesteps(12)
