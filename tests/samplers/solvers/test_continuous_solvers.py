@@ -111,8 +111,7 @@ def test_dpmpp_2m_matches_diffusers(steps, cfg):
 
 
 def test_dpmpp_2m_lu_lambdas_grid_matches_diffusers():
-    # Same timesteps; unlike diffusers we take the step coefficients at the rounded timesteps the
-    # model is evaluated at (diffusers keeps the unrounded lambdas), so only the grid is compared.
+    # Same timesteps (the samples are compared in test_scheduler_common.py).
     ref = DPMSolverMultistepScheduler(use_lu_lambdas=True)
     ours = DPMSolverPP2M.from_config(ref.config)
     for n in (10, 20):
