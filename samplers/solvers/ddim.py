@@ -26,6 +26,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers.schedules import fitted_or_default, load_schedule
 from samplers.solvers._vp import (
     VPNoiseMixin,
     VP_COMPATIBLES,
@@ -84,9 +85,12 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         timestep_spacing: str = "leading",
         rescale_betas_zero_snr: bool = False,
         eta: float = 0.0,
+        fitted_schedule: Optional[str] = None,
     ):
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), type(self).__name__)
         check_off(type(self).__name__, thresholding=thresholding)
+        if fitted_schedule is not None:
+            load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
         if eta < 0:
             raise ValueError(f"eta must be >= 0 (0 = deterministic DDIM, 1 = DDPM variance), got {eta}")
         self.alphas_cumprod = make_alphas_cumprod(
@@ -103,6 +107,8 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         targets) or from a custom ``timesteps`` grid (steps go to the next grid point)."""
         check_one_grid_source(num_inference_steps, timesteps)
         T = self.config.num_train_timesteps
+        if timesteps is None:
+            timesteps = fitted_or_default(self.config, "ddim", num_inference_steps)
         if timesteps is not None:
             ts = custom_timesteps(timesteps, T)
             prev = [int(ts[i + 1]) if i + 1 < len(ts) else -1 for i in range(len(ts))]

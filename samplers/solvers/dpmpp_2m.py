@@ -34,6 +34,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers.schedules import fitted_or_default, load_schedule
 from samplers.solvers._vp import (
     VPNoiseMixin,
     VP_COMPATIBLES,
@@ -160,6 +161,7 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         timestep_spacing: str = "linspace",
         steps_offset: int = 0,
         rescale_betas_zero_snr: bool = False,
+        fitted_schedule: Optional[str] = None,
     ):
         name = type(self).__name__
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), name)
@@ -186,6 +188,8 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             )
         if final_sigmas_type not in ("zero", "sigma_min"):
             raise ValueError(f"final_sigmas_type must be 'zero' or 'sigma_min', got {final_sigmas_type!r}")
+        if fitted_schedule is not None:
+            load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
         self.alphas_cumprod = make_alphas_cumprod(
             num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
         )
@@ -209,6 +213,8 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         if (timesteps is not None or sigmas is not None) and cfg.use_lu_lambdas:
             raise ValueError("custom timesteps/sigmas replace use_lu_lambdas: load the config with use_lu_lambdas=False")
         vp_sig = _vp_sigmas(self.alphas_cumprod)
+        if timesteps is None and sigmas is None and not cfg.use_lu_lambdas:
+            timesteps = fitted_or_default(cfg, "dpmpp-2m", num_inference_steps)
         if timesteps is not None:
             ts = custom_timesteps(timesteps, T)
             sig = vp_sig[ts]

@@ -38,6 +38,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers.schedules import fitted_or_default, load_schedule
 from samplers.solvers._vp import (
     VPNoiseMixin,
     VP_COMPATIBLES,
@@ -200,8 +201,11 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         timestep_spacing: str = "leading",
         steps_offset: int = 0,
         rescale_betas_zero_snr: bool = False,
+        fitted_schedule: Optional[str] = None,
     ):
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), type(self).__name__)
+        if fitted_schedule is not None:
+            load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
         self.alphas_cumprod = make_alphas_cumprod(
             num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
         )
@@ -245,12 +249,14 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         check_one_grid_source(num_inference_steps, timesteps, "nfe", nfe)
         T = self.config.num_train_timesteps
         skip = self.config.skip_prk_steps
+        if nfe is not None:
+            num_inference_steps, nfe = self.steps_for_nfe(nfe), None
+        if timesteps is None:
+            timesteps = fitted_or_default(self.config, "plms" if skip else "pndm", num_inference_steps)
         if timesteps is not None:
             ts = custom_timesteps(timesteps, T)
             plan = _grid_plan(ts, skip)
         else:
-            if nfe is not None:
-                num_inference_steps = self.steps_for_nfe(nfe)
             ts = vp_timesteps(num_inference_steps, T, self.config.timestep_spacing, self.config.steps_offset)
             # diffusers' PRK warm start needs 4 grid points; below that only our own grid plan exists.
             plan = _diffusers_plan(ts, skip, T) if (skip or len(ts) >= 4) else _grid_plan(ts, skip)
