@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 DIFFUSERS = {
     "diffusers-ddim": ("DDIMScheduler", {}),
     "diffusers-ddim-trailing": ("DDIMScheduler", {"timestep_spacing": "trailing"}),
