@@ -164,6 +164,7 @@ def main() -> None:
     p.add_argument("--guidance", type=float, default=3.0)
     p.add_argument("--reference-steps", type=int, default=60)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--solvers", default=None, help="comma-separated subset of the solver labels (default: all)")
     p.add_argument("--sweep-guidance", default=None,
                    help="instead of the NFE sweep: these guidance scales at --sweep-steps for ddim and dpmpp-2m")
     p.add_argument("--sweep-steps", type=int, default=20)
@@ -190,6 +191,11 @@ def main() -> None:
     pipe = load_digits_pipeline()
     mlp = load_digits_classifier("mlp")
     solvers = list(OURS) + list(DIFFUSERS)
+    if args.solvers:
+        unknown = sorted(set(args.solvers.split(",")) - set(solvers))
+        if unknown:
+            raise SystemExit(f"unknown solver labels {unknown}; valid: {', '.join(solvers)}")
+        solvers = args.solvers.split(",")
     labels = torch.arange(args.samples) % 10
     fit_seed = load_schedule("digits")["fits"][0]["fit_seed"]
 
