@@ -53,16 +53,23 @@ OURS = {
 }
 
 
+_BASE_CONFIG: dict = {}
+
+
 def make(pipe, name):
+    """A fresh scheduler for ``name`` built from the pipeline's *original* scheduler config (not from
+    whatever scheduler the previous row left in the pipeline, whose config lacks the model's keys)."""
+    cfg = _BASE_CONFIG.setdefault(id(pipe), pipe.scheduler.config)
     if name in DIFFUSERS:
         import diffusers
 
         cls, extra = DIFFUSERS[name]
-        return getattr(diffusers, cls).from_config(pipe.scheduler.config, **extra)
-    from samplers.solvers import solver_from_pipeline
+        return getattr(diffusers, cls).from_config(cfg, **extra)
+    from samplers.solvers import SOLVERS
 
     solver, extra = OURS[name]
-    return solver_from_pipeline(pipe, solver, **extra)
+    spec = SOLVERS[solver]
+    return spec.scheduler_class().from_config(cfg, **{**spec.defaults, **extra})
 
 
 def nfe_of(pipe, name: str, steps: int) -> int:
