@@ -283,7 +283,7 @@ def main() -> None:
     fig_path = plot(plot_rows, solvers, args.guidance, args.samples, args.figures)
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("out", "figures")}
     (args.out / "digits_solvers.json").write_text(json.dumps(
-        {"config": cfg, "command": "python scripts/bench_digits_solvers.py", "targets": summary, "rows": rows,
+        {"config": cfg, "command": " ".join(["python scripts/bench_digits_solvers.py"] + sys.argv[1:]), "targets": summary, "rows": rows,
          "figure": "docs/figures/digits_solvers.png"}, indent=1))
     print(f"wrote {args.out / 'digits_solvers.json'} and {fig_path}")
 
