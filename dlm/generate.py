@@ -5,9 +5,10 @@ Fast-dLLM (Wu et al., 2025) and dInfer's EOS early stop. The step policy is a `s
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -26,7 +27,12 @@ class StepTrace:
     Attributes:
         block: block index. step: step index inside the block. nfe: forward passes so far.
         rows: `[R]` batch rows decoded by this step. committed: `[R]` tokens committed (net of remasking).
-        masks_left: `[R]` masks left in the block after the step. full_forward: False for a cached window.
+        masks_left: `[R]` masks left in the block after the step. full_forward: False for a cached window
+        (and for a step that reused the logits a lookahead call returned).
+        forwards: forward passes this step cost (0 when it reused lookahead logits, 1 plain, +1 per
+        `ctx.forward` call). branch_forwards: per row, the rows of those passes (a lookahead call on
+        k candidates counts k).
+        tokens: `[R, Lb]` block tokens after the step, kept only when `return_trace=True`.
     """
 
     block: int
@@ -36,6 +42,9 @@ class StepTrace:
     committed: torch.Tensor
     masks_left: torch.Tensor
     full_forward: bool
+    forwards: int = 1
+    branch_forwards: int = 1
+    tokens: torch.Tensor | None = None
 
 
 @dataclass
@@ -44,12 +53,18 @@ class GenerateOutput:
 
     Attributes:
         sequences: `[B, P + gen_length]` long, prompt (unchanged) followed by the generation.
-        nfe: model forward passes (a batched call counts once; a cached window call counts once).
+        nfe: model forward passes (a batched call counts once; a cached window call counts once;
+            a lookahead `ctx.forward` call over k candidates per row counts once).
+        branch_forwards: forward passes counted per evaluated branch (per sequence): a plain pass
+            adds 1, a lookahead call over k candidates adds k. Equals `nfe` for samplers that do
+            not look ahead; the gap is the compute a lookahead sampler spends beyond its NFE.
         tpf: tokens per forward, `gen_length / nfe` (per sequence).
         seconds: wall time of the loop.
         forward_tokens: query positions processed over all calls and rows (compute proxy).
         steps_per_block: forward passes each block actually used.
         trace: per-step records when `return_trace=True`.
+        experts: for an ensemble (`sampler="hex"`), a `dlm.ensemble.HexExperts` with every
+            expert's output and answer; None otherwise.
     """
 
     sequences: torch.Tensor
@@ -59,6 +74,8 @@ class GenerateOutput:
     forward_tokens: int
     steps_per_block: list[int]
     trace: list[StepTrace] = field(default_factory=list)
+    branch_forwards: int = 0
+    experts: Any = None
 
 
 def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, cache_refresh_every):
@@ -68,8 +85,8 @@ def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, c
         raise ValueError("input_ids is empty: give a prompt of at least one token")
     if attention_mask is not None and attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
     if kv_cache not in KV_CACHE_MODES:
         raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
     if cfg_scale < 0:
@@ -89,6 +106,7 @@ class _BlockForward:
         self.cfg_scale, self.prompt_length = cfg_scale, prompt_length
         self.attention_mask, self.position_ids = attention_mask, position_ids
         self.cache = None
+        self._repeated = None  # (k, cache with each row repeated k times) for lookahead calls
         self.forward_tokens = 0
 
     def __call__(self, x: torch.Tensor, step: int, start: int, end: int) -> tuple[torch.Tensor, bool]:
@@ -104,25 +122,95 @@ class _BlockForward:
         self.forward_tokens += x.shape[0] * (hi - lo)
         return a.align(raw, lo, start, end), False
 
-    def _full(self, x: torch.Tensor) -> torch.Tensor:
+    def branches(self, x: torch.Tensor, k: int, start: int, end: int) -> torch.Tensor:
+        """Aligned block logits `[R*k, end-start, V]` for `x [R*k, L]`: each of the block's R rows
+        repeated k times (row-major), differing only inside the block.
+
+        Reuses the block's KV cache when there is one (the prefix, and for "dual" also the suffix,
+        are identical for all k candidates of a row, so the cached K/V are repeated, not
+        recomputed); without a cache it is one full forward over all R*k rows."""
         a = self.adapter
+        mask = None if self.attention_mask is None else self.attention_mask.repeat_interleave(k, dim=0)
+        pos = None if self.position_ids is None else self.position_ids.repeat_interleave(k, dim=0)
+        if self.mode == "none" or self.cache is None:
+            return a.align(self._full(x, mask, pos, keep_cache=False), 0, start, end)
+        if self._repeated is None or self._repeated[0] != k:
+            self._repeated = (k, _repeat_cache_rows(self.cache, k))
+        shift = 1 if a.shift_logits else 0
+        lo, hi = start - shift, (x.shape[1] if self.mode == "prefix" else end)
+        raw = a.window(x, self._repeated[1], lo, hi, mask, pos)
+        self.forward_tokens += x.shape[0] * (hi - lo)
+        return a.align(raw, lo, start, end)
+
+    def _full(self, x: torch.Tensor, attention_mask=None, position_ids=None, keep_cache: bool = True) -> torch.Tensor:
+        a = self.adapter
+        if keep_cache:
+            attention_mask, position_ids = self.attention_mask, self.position_ids
         self.forward_tokens += x.numel()
         if self.cfg_scale > 0:
             # LLaDA's CFG: the unconditional input masks the prompt; one batched call.
             uncond = x.clone()
             uncond[:, : self.prompt_length] = a.mask_token_id
-            both_mask = None if self.attention_mask is None else self.attention_mask.repeat(2, 1)
-            both_pos = None if self.position_ids is None else self.position_ids.repeat(2, 1)
+            both_mask = None if attention_mask is None else attention_mask.repeat(2, 1)
+            both_pos = None if position_ids is None else position_ids.repeat(2, 1)
             logits, _ = a.full(torch.cat([x, uncond]), both_mask, both_pos)
             self.forward_tokens += x.numel()
             cond, un = logits.chunk(2)
             return un + (self.cfg_scale + 1) * (cond - un)
-        raw, cache = a.full(x, self.attention_mask, self.position_ids, use_cache=self.mode != "none")
-        if self.mode != "none":
+        use_cache = keep_cache and self.mode != "none"
+        raw, cache = a.full(x, attention_mask, position_ids, use_cache=use_cache)
+        if use_cache:
             if cache is None:
                 raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
-            self.cache = cache
+            self.cache, self._repeated = cache, None
         return raw
+
+
+def _repeat_cache_rows(cache, k: int):
+    """Each batch row of a KV cache repeated k times (row-major), as new tensors.
+
+    Handles caches made of nested tuples/lists of `[B, ...]` tensors (the windowed-cache models of
+    this project); anything else cannot be shared by lookahead candidates."""
+    if isinstance(cache, torch.Tensor):
+        return cache.repeat_interleave(k, dim=0)
+    if isinstance(cache, (tuple, list)):
+        return type(cache)(_repeat_cache_rows(c, k) for c in cache)
+    raise ValueError(
+        f"a lookahead sampler cannot share a {type(cache).__name__} KV cache between its candidates "
+        f"(needs nested tuples of tensors); use kv_cache='none' with this model")
+
+
+class _LookaheadForward:
+    """`ctx.forward` of one step: logits of k candidate blocks per row, one batched model call each.
+
+    Counted by the driver: each call is one NFE and `k` branch forwards per row; calls stop at the
+    block's remaining share of the step budget (a further call raises)."""
+
+    def __init__(self, forward: _BlockForward, x_rows: torch.Tensor, start: int, end: int, mask_id: int, allowance: int):
+        self.forward, self.x_rows, self.start, self.end = forward, x_rows, start, end
+        self.mask_id, self.allowance = mask_id, allowance
+        self.calls, self.branches = 0, 0
+
+    @property
+    def left(self) -> int:
+        return self.allowance - self.calls
+
+    def __call__(self, candidates: torch.Tensor) -> torch.Tensor:
+        """candidates: `[R, k, Lb]` long block tokens. Returns aligned logits `[R, k, Lb, V]`."""
+        R, Lb = self.x_rows.shape[0], self.end - self.start
+        if candidates.dim() != 3 or candidates.shape[0] != R or candidates.shape[2] != Lb or candidates.dtype != torch.long:
+            raise ValueError(f"ctx.forward needs candidates of shape [{R}, k, {Lb}] (torch.long), got "
+                             f"{tuple(candidates.shape)} {candidates.dtype}")
+        if self.left <= 0:
+            raise RuntimeError("ctx.forward: the block's step budget is spent; check ctx.forwards_left before calling")
+        k = candidates.shape[1]
+        x = self.x_rows.repeat_interleave(k, dim=0)
+        x[:, self.start:self.end] = candidates.reshape(R * k, Lb)
+        logits = self.forward.branches(x, k, self.start, self.end)
+        logits[..., self.mask_id] = float("-inf")  # as for the driver's own logits
+        self.calls += 1
+        self.branches += k
+        return logits.reshape(R, k, Lb, -1)
 
 
 def _full_attention(attention_mask, gen_length):
@@ -167,7 +255,7 @@ def generate(
     kv_cache: str = "none",
     cache_refresh_every: int = 0,
     cfg_scale: float = 0.0,
-    eos_early_stop: bool = False,
+    eos_early_stop: bool | None = None,
     shift_logits: bool | None = None,
     callback: Callable[[StepTrace], None] | None = None,
     return_trace: bool = False,
@@ -179,14 +267,21 @@ def generate(
     Args:
         model: callable `model(input_ids, attention_mask=None, **kw)` returning logits `[B, L, V]`
             or an object with `.logits`; or a `DLMAdapter`.
-        input_ids: `[B, P]` long prompts, left-padded when lengths differ (give `attention_mask`).
+        input_ids: `[B, P]` long prompts, left-padded when lengths differ (give `attention_mask`;
+            without it, a leading run of the pad id is taken as padding, see `check_prompt_ids`).
+            Encode text with the tokenizer's prompt convention (`tokenizer.encode_prompt(text)` for
+            the built-in tiny model, or `DLMPipeline`, which does it for you).
         gen_length: tokens to generate; a multiple of `block_length`.
         block_length: semi-autoregressive block size (default: `gen_length`, one block).
         steps: budget of forward passes for the whole generation (default: `gen_length`, one token
             per step). Blocks get `ceil(steps_left / blocks_left)` passes each, unused passes roll
             over, and within a block each step commits `ceil(masks_left / steps_left)` tokens, so
             the budget is never exceeded and every step commits at least one token.
+            Lookahead calls of a sampler that searches (`ctx.forward`, see `samplers.base`) count
+            against the same budget, one pass per batched call; the driver offers `ctx.forward`
+            only while the block has a pass to spare, so the budget holds for them too.
         sampler: registry name or `Sampler` object; `sampler_config` overrides its config by name.
+            An ensemble (`"hex"`) runs its experts through `dlm.ensemble` and ignores `block_length`.
         temperature: 0 is greedy; > 0 samples with Gumbel-max in float64 using `generator`.
         mask_token_id / eos_token_id: taken from the model config when not given.
         attention_mask: `[B, P]`, 1 for real prompt tokens, 0 for left padding.
@@ -196,31 +291,47 @@ def generate(
             which reproduces the no-cache output exactly).
         cfg_scale: LLaDA classifier-free guidance weight (0 is off).
         eos_early_stop: once a finished block holds EOS, fill the rest of that row with EOS and stop
-            decoding it (dInfer); the other rows go on.
+            decoding it (dInfer); the other rows go on. None (default): on when the EOS id is known
+            (the same default in `DLMPipeline`, the CLI and `dlm bench`); False decodes every block.
         shift_logits: True for Dream-style models (`logits[:, i-1]` predicts token i); inferred from
             the config when None.
         callback / return_trace: observe each step as a `StepTrace`.
         progress: show a progress bar over the budget on stderr.
 
     Returns:
-        `GenerateOutput` with `.sequences [B, P + gen_length]`, `.nfe`, `.tpf`, `.seconds`.
+        `GenerateOutput` with `.sequences [B, P + gen_length]`, `.nfe`, `.branch_forwards`, `.tpf`,
+        `.seconds`.
     """
     steps = gen_length if steps is None else steps
+    policy = get_sampler(sampler, **(sampler_config or {}))
+    if policy.ensemble:
+        # HEX decides over whole generations: each expert is a call of this function with its own
+        # block length (`block_length` is not used: the experts' block lengths are the config's).
+        from dlm.ensemble import hex_generate
+
+        return hex_generate(
+            model, input_ids, gen_length=gen_length, steps=steps, config=policy.config, callback=callback,
+            return_trace=return_trace, temperature=temperature, mask_token_id=mask_token_id,
+            eos_token_id=eos_token_id, attention_mask=attention_mask, generator=generator, kv_cache=kv_cache,
+            cache_refresh_every=cache_refresh_every, cfg_scale=cfg_scale, eos_early_stop=eos_early_stop,
+            shift_logits=shift_logits, progress=progress)
     block_length = gen_length if block_length is None else block_length
     num_blocks = validate_lengths(gen_length, block_length, steps)
     _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, cache_refresh_every)
     adapter = DLMAdapter.wrap(model, mask_token_id=mask_token_id, eos_token_id=eos_token_id, shift_logits=shift_logits)
     if kv_cache != "none" and not adapter.supports_kv_cache:
         raise ValueError(f"kv_cache={kv_cache!r} needs a model with KV-cache support (supports_dlm_kv_cache); use kv_cache='none'")
-    if eos_early_stop and adapter.eos_token_id is None:
+    if eos_early_stop is None:
+        eos_early_stop = adapter.eos_token_id is not None
+    elif eos_early_stop and adapter.eos_token_id is None:
         raise ValueError("eos_early_stop=True needs eos_token_id (pass it or use a model whose config has it)")
+    attention_mask = check_prompt_ids(adapter, input_ids, attention_mask)
     batch, prompt_length = input_ids.shape
     total_length = prompt_length + gen_length
     if adapter.max_length is not None and total_length > adapter.max_length:
         raise ValueError(
             f"prompt ({prompt_length} tokens) + gen_length ({gen_length}) = {total_length} exceeds the "
             f"model's context of {adapter.max_length} tokens; shorten the prompt or gen_length")
-    policy = get_sampler(sampler, **(sampler_config or {}))
 
     mask_id = adapter.mask_token_id
     device = input_ids.device
@@ -234,7 +345,7 @@ def generate(
     state = policy.init_state(batch, total_length, device)
     trace: list[StepTrace] = []
     steps_per_block: list[int] = []
-    nfe, forward_tokens, steps_left = 0, 0, steps
+    nfe, forward_tokens, branch_forwards, steps_left = 0, 0, 0, steps
     bar = tqdm(total=steps, desc=f"dlm {policy.name}", unit="nfe", disable=not progress, leave=False)
     started = time.perf_counter()
 
@@ -248,35 +359,59 @@ def generate(
         sub_mask = None if full_mask is None else full_mask[rows]
         sub_pos = None if positions is None else positions[rows]
         forward = _BlockForward(adapter, kv_cache, cache_refresh_every, cfg_scale, prompt_length, sub_mask, sub_pos)
-        used = 0
-        for step in range(budget):
+        used, step, reuse = 0, 0, None
+        while True:
             x_rows = x[rows]
             block_x = x_rows[:, start:end]
             candidates = block_x == mask_id
             masks_left = candidates.sum(dim=1)
             if not bool(masks_left.any()):  # one host sync per step: the block may finish early
                 break
-            last = step == budget - 1
-            logits, was_full = forward(x_rows, step, start, end)
-            # The mask token is never a valid answer; an untrained or off-distribution model may
-            # still rank it first, which would "commit" a mask.
-            logits[..., mask_id] = float("-inf")
-            nfe, used = nfe + 1, used + 1
+            if reuse is not None:
+                # The sampler's lookahead call already ran the model on exactly this block state.
+                logits, was_full, forwards = reuse, False, 0
+            else:
+                if used >= budget:  # unreachable: the step that spent the budget filled every mask
+                    raise RuntimeError("internal error: block has masks left but no forward passes")
+                logits, was_full = forward(x_rows, step, start, end)
+                # The mask token is never a valid answer; an untrained or off-distribution model may
+                # still rank it first, which would "commit" a mask.
+                logits[..., mask_id] = float("-inf")
+                used, forwards = used + 1, 1
+            last = used >= budget
+            lookahead = None
+            if policy.looks_ahead and not last:
+                lookahead = _LookaheadForward(forward, x_rows, start, end, mask_id, budget - used)
             ctx = StepContext(
-                x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, budget - step),
+                x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, budget - used + 1),
                 step=step, steps_in_block=budget, last_step=last, temperature=temperature,
-                generator=generator, mask_token_id=mask_id, block_start=start, state=state, rows=rows)
+                generator=generator, mask_token_id=mask_id, block_start=start, state=state, rows=rows,
+                forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left)
             result = policy.step(logits, ctx)
             new_block = _enforce_contract(result, block_x, candidates, masks_left, policy.remasks, last, mask_id)
+            branches = forwards
+            if lookahead is not None:
+                used += lookahead.calls
+                forwards += lookahead.calls
+                branches += lookahead.branches
+            reuse = _reusable_logits(result, new_block, lookahead)
+            if reuse is None and used >= budget:
+                # The sampler spent the last pass on a lookahead whose logits cannot serve the next
+                # step: nothing is left to run, so its proposal fills the block now.
+                new_block = torch.where(new_block == mask_id, result.proposal, new_block)
             x[rows, start:end] = new_block
-            bar.update(1)
+            nfe += forwards
+            branch_forwards += branches
+            bar.update(forwards)
             if callback is not None or return_trace:
                 left = (new_block == mask_id).sum(dim=1)
-                record = StepTrace(block, step, nfe, rows, masks_left - left, left, was_full)
+                record = StepTrace(block, step, nfe, rows, masks_left - left, left, was_full, forwards, branches,
+                                   new_block.clone() if return_trace else None)
                 if callback is not None:
                     callback(record)
                 if return_trace:
                     trace.append(record)
+            step += 1
         forward_tokens += forward.forward_tokens
         steps_per_block.append(used)
         steps_left -= used
@@ -287,7 +422,63 @@ def generate(
     seconds = time.perf_counter() - started
     return GenerateOutput(
         sequences=x, nfe=nfe, tpf=gen_length / max(nfe, 1), seconds=seconds,
-        forward_tokens=forward_tokens, steps_per_block=steps_per_block, trace=trace)
+        forward_tokens=forward_tokens, steps_per_block=steps_per_block, trace=trace, branch_forwards=branch_forwards)
+
+
+def _reusable_logits(result, new_block: torch.Tensor, lookahead) -> torch.Tensor | None:
+    """The logits a sampler returned for its new block (`StepResult.next_logits`, `[R, Lb, V]`),
+    when the next step may use them instead of a forward pass: only logits from this step's own
+    `ctx.forward` calls, and only if the driver kept the block exactly as the sampler returned it."""
+    nxt = getattr(result, "next_logits", None)
+    if nxt is None:
+        return None
+    if lookahead is None or lookahead.calls == 0:
+        raise RuntimeError("StepResult.next_logits must come from this step's ctx.forward call; "
+                           "return next_logits=None otherwise")
+    if nxt.shape[:2] != new_block.shape:
+        raise RuntimeError(f"StepResult.next_logits has shape {tuple(nxt.shape)}, expected "
+                           f"{tuple(new_block.shape)} + (vocab,)")
+    return nxt if torch.equal(new_block, result.x) else None
+
+
+def check_prompt_ids(adapter: DLMAdapter, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+    """Refuse prompts the model would silently get wrong; returns the attention mask to use.
+
+    - ids outside the vocabulary (the embedding lookup would fail deep inside the model);
+    - the mask id inside a real prompt token (the model would treat it as a blank to fill);
+    - a model whose config names a prompt separator (`position_restart_token_id`, the tiny model's
+      newline) needs every prompt to end with it;
+    - left padding without `attention_mask`: rows starting with the pad id get a mask that hides
+      that leading run (the documented convention); when the pad id is also the EOS or mask id the
+      padding cannot be told apart, so we refuse and ask for `attention_mask`.
+    Shapes: input_ids `[B, P]`, attention_mask `[B, P]` or None.
+    """
+    vocab = adapter.vocab_size
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or (vocab is not None and high >= vocab):
+        bad = low if low < 0 else high
+        raise ValueError(f"input_ids contains token id {bad}, outside the model's vocabulary (0..{(vocab or 0) - 1}); "
+                         "encode the prompt with the model's tokenizer")
+    pad = adapter.pad_token_id
+    if attention_mask is None and pad is not None and bool((input_ids[:, 0] == pad).any()):
+        if pad in (adapter.eos_token_id, adapter.mask_token_id):
+            raise ValueError(f"input_ids rows start with token {pad}, which is the pad id and also the EOS or mask id, "
+                             "so left padding cannot be detected; pass attention_mask (0 on padding, 1 on prompt tokens)")
+        attention_mask = ((input_ids != pad).long().cummax(dim=1).values)
+        if not bool(attention_mask[:, -1].all()):
+            raise ValueError(f"a row of input_ids is all padding (pad id {pad}); give every row a prompt")
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    hit = (input_ids == adapter.mask_token_id) & real
+    if bool(hit.any()):
+        row, col = (int(v) for v in hit.nonzero()[0])
+        raise ValueError(f"the prompt contains the mask token id {adapter.mask_token_id} (row {row}, position {col}); "
+                         "a prompt must not contain masks: remove it, or pass the right mask_token_id")
+    separator = adapter.prompt_separator_id
+    if separator is not None and not bool((input_ids[:, -1] == separator).all()):
+        row = int((input_ids[:, -1] != separator).nonzero()[0])
+        raise ValueError(f"prompt row {row} does not end with the model's prompt separator (token {separator}); "
+                         "encode prompts with tokenizer.encode_prompt(text) or use DLMPipeline")
+    return attention_mask
 
 
 def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, last: bool, mask_id: int) -> torch.Tensor:
@@ -307,9 +498,10 @@ def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, la
     new = torch.where(row_active, new, block_x)
     if not remasks:
         new = torch.where(candidates, new, block_x)
-    # Computed unconditionally (no host sync): a no-op for rows that progressed.
+    # Computed unconditionally (no host sync): a no-op for rows that progressed. A remasking
+    # sampler's stall may sit on a position it just masked again, so any mask of the block counts.
     stalled = row_active.squeeze(1) & ((new == mask_id).sum(dim=1) >= masks_left)
-    still = candidates & (new == mask_id)
+    still = new == mask_id
     score = torch.where(still, result.confidence.double(), torch.full_like(result.confidence, -1.0, dtype=torch.float64))
     best = torch.zeros_like(still).scatter_(1, score.argmax(dim=1, keepdim=True), True) & still
     new = torch.where(best & stalled.unsqueeze(1), result.proposal, new)

@@ -102,8 +102,10 @@ def test_eos_early_stop_skips_the_remaining_blocks():
     assert out.sequences[0, 4:7].tolist() == [5, 5, 5]
     assert (out.sequences[0, 7:] == 8).all()
     assert out.nfe == 8  # only the first block was decoded
-    plain = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32)
+    plain = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32, eos_early_stop=False)
     assert plain.nfe == 32 and torch.equal(plain.sequences, out.sequences)
+    default = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32)
+    assert default.nfe == 8  # on by default when the EOS id is known
 
 
 def test_finished_rows_leave_the_batch():
