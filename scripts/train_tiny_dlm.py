@@ -102,7 +102,8 @@ def sample_train_example(task, rng: random.Random):
 
 def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_ar: float,
                 no_sep: float, gen: torch.Generator, short_resp: float = 0.0,
-                full_mask: float = 0.0, min_mask_ratio: float = 0.5, loss_weighting: str = "mean"):
+                full_mask: float = 0.0, min_mask_ratio: float = 0.5, loss_weighting: str = "mean",
+                mask_ratio_power: float = 1.0):
     """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
 
     With probability `short_resp` the whole batch uses a shorter response (its longest answer plus
@@ -130,7 +131,9 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
         clean[i, P:] = torch.tensor(r)
         att[i, P - len(p):] = 1
 
-    t = min_mask_ratio + (1 - min_mask_ratio) * torch.rand(B, generator=gen)
+    # t = min + (1 - min) * u**power, u ~ U(0, 1): power > 1 puts more rows at small t, the nearly
+    # filled-in responses that one-token-per-step decoding sees at the end of every block.
+    t = min_mask_ratio + (1 - min_mask_ratio) * torch.rand(B, generator=gen) ** mask_ratio_power
     # Rows with the whole response masked (t = 1): in small from-scratch runs the mechanism that
     # locates the source of a copied token emerged much sooner with fully masked responses than
     # with partly masked ones (probe on a toy copy task), so a share of them can be mixed in.
@@ -157,6 +160,11 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
     t_eff = torch.where(semi, frac, t)
     if loss_weighting == "inverse-t":  # LLaDA's ELBO weighting
         w = mask.float() / (t_eff[:, None] * R)
+    elif loss_weighting == "row-mean":
+        # Every row counts the same, whatever its mask ratio: with a plain token mean a row at
+        # t = 0.1 carries a tenth of the gradient of a row at t = 1, so states near the end of
+        # decoding are barely trained. Unlike 1/t this divides by the realised count (bounded).
+        w = mask.float() / mask.sum(1, keepdim=True).clamp_min(1)
     else:  # plain mean over the masked tokens of the batch (times B: the caller divides by B)
         w = mask.float() * B / mask.sum().clamp_min(1)
 
@@ -171,7 +179,8 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
 def quick_decode(model, tok, prompts: list[str], steps: int = RESPONSE_LEN, block: int = 32):
     """Greedy confidence decoding of a left-padded batch with the engine (`dlm.generate`)."""
     ids, att = tok.pad_batch([tok.encode(p + PROMPT_SUFFIX) for p in prompts])
-    ids, att = torch.tensor(ids), torch.tensor(att)
+    device = next(model.parameters()).device
+    ids, att = torch.tensor(ids, device=device), torch.tensor(att, device=device)
     out = generate(model, ids, attention_mask=att, gen_length=RESPONSE_LEN, block_length=block, steps=steps,
                    sampler="confidence", mask_token_id=tok.mask_token_id)
     return tok.batch_decode(out.sequences[:, ids.shape[1]:])
@@ -195,7 +204,7 @@ def save(model, tok, out: Path, step: int, loss: float, args):
     if tmp.exists():
         shutil.rmtree(tmp)
     model_half = TinyDLMModel(model.config)
-    model_half.load_state_dict(model.state_dict())
+    model_half.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     # bfloat16 on disk keeps the file small; the config says float32 so that loaders
     # (AutoModel, load_tiny_dlm) upcast by default.
     model_half.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
@@ -232,7 +241,12 @@ def main(argv=None):
                     help="mask ratio t ~ U(min, 1). LLaDA uses ~0; on a toy copy task with this model, "
                          "U(0.5, 1) with --loss-weighting mean reached 100%% copy accuracy by step 200 "
                          "while U(0, 1) with 1/t weighting was at 14%% after 300")
-    ap.add_argument("--loss-weighting", choices=("mean", "inverse-t"), default="mean")
+    ap.add_argument("--loss-weighting", choices=("mean", "row-mean", "inverse-t"), default="mean",
+                    help="mean: over all masked tokens of the batch; row-mean: mean per row, rows "
+                         "weighted equally; inverse-t: LLaDA's 1/t weighting normalised by R")
+    ap.add_argument("--mask-ratio-power", type=float, default=1.0,
+                    help="t = min + (1 - min) * u**power with u ~ U(0, 1); > 1 favours small t")
+    ap.add_argument("--device", default="cpu", help="torch device for training (batches are built on CPU)")
     ap.add_argument("--full-mask", type=float, default=0.0,
                     help="fraction of (non semi-AR) rows whose whole response is masked (t = 1)")
     ap.add_argument("--short-resp", type=float, default=0.5,
@@ -275,6 +289,8 @@ def main(argv=None):
         model = TinyDLMModel.from_pretrained(args.init, dtype=torch.float32)
     else:
         model = TinyDLMModel(cfg)
+    device = torch.device(args.device)
+    model.to(device)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params / 1e6:.2f}M  tasks {[t.name for t in tasks]}", flush=True)
@@ -304,7 +320,9 @@ def main(argv=None):
             g["lr"] = lr
         x, clean, att, w, P = build_batch(tasks, weights, tok, rng, args.batch_size,
                                           args.semi_ar, args.no_sep, gen, args.short_resp,
-                                          args.full_mask, args.min_mask_ratio, args.loss_weighting)
+                                          args.full_mask, args.min_mask_ratio, args.loss_weighting,
+                                          args.mask_ratio_power)
+        x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")
         loss = (ce.view_as(w) * w).sum() / x.shape[0]
