@@ -84,7 +84,7 @@ def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.
     builtins = builtin_models()
     if name_or_path in builtins:
         from dlm.tiny import load_tiny_dlm
-        model, tokenizer = load_tiny_dlm(device=device, dtype=dtype or torch.float32)
+        model, tokenizer = load_tiny_dlm(builtins[name_or_path], device=device, dtype=dtype or torch.float32)
         return _loaded(name_or_path, model, tokenizer, shift_logits)
     from transformers import AutoConfig, AutoTokenizer
     from dlm.tiny import register_auto_classes

@@ -1,10 +1,13 @@
-"""Per-task accuracy of a tiny DLM checkpoint on the TEST split of the task suites.
+"""Per-task and per-suite accuracy of tiny DLM checkpoints on the TEST split of the task suites.
 
-Decodes with `dlm.generate` (confidence sampler, greedy; by default one token per step:
-steps = gen_length = 64) and scores each output with its task's verifier.
+Decodes with `dlm.generate` (confidence sampler, greedy) and scores each output with its task's
+verifier. `--steps` takes a list, so one run gives the quality curve over tokens per forward
+(TPF = gen_length / steps; 64 steps = one token per step), and `--model` takes a list, so
+checkpoints are compared on the same examples in the same run.
 
-    python scripts/eval_tiny_dlm.py                       # shipped checkpoint, 50 per task
-    python scripts/eval_tiny_dlm.py --model /tmp/tiny_dlm_run --n 100 --json /tmp/eval.json
+    python scripts/eval_tiny_dlm.py                       # shipped checkpoint, 50 per task, TPF 1
+    python scripts/eval_tiny_dlm.py --steps 64,32,16,8 --eos-stop --n 24 \
+        --model tiny-dlm,/tmp/tiny_dlm_run --json /tmp/eval.json
 """
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dlm.tasks import get_suite  # noqa: E402
-from dlm.tiny import load_tiny_dlm  # noqa: E402
+from dlm.tasks import SUITES, get_suite  # noqa: E402
+from dlm.tiny import BUILTIN_MODELS, load_tiny_dlm  # noqa: E402
 
 
 @torch.no_grad()
@@ -59,7 +62,7 @@ def decode(model, tok, prompts, args):
         out = generate(model, ids, attention_mask=att, gen_length=args.gen_length,
                        block_length=args.block_length, steps=args.steps, sampler=args.sampler,
                        mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                       kv_cache=args.kv_cache)
+                       kv_cache=args.kv_cache, eos_early_stop=args.eos_stop)
         seqs, nfe = out.sequences, out.nfe
     else:
         seqs = simple_decode(model, ids, att, args.gen_length, args.block_length, args.steps,
@@ -68,17 +71,90 @@ def decode(model, tok, prompts, args):
     return tok.batch_decode(seqs[:, P:]), nfe
 
 
+def parse_steps(text: str) -> list[int]:
+    """'64,32,16,8' -> [64, 32, 16, 8]; ValueError naming --steps otherwise."""
+    try:
+        steps = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        steps = []
+    if not steps or any(k < 1 for k in steps):
+        raise ValueError(f"--steps: expected positive integers separated by commas, got {text!r}")
+    return steps
+
+
+def resolve_model(name: str | None) -> str | None:
+    """A built-in name ('tiny-dlm', ...) -> its checkpoint dir; anything else is a path."""
+    if name is None:
+        return None
+    return BUILTIN_MODELS.get(name, name)
+
+
+def evaluate(model, tok, tasks, steps: int, args) -> dict:
+    """Accuracy of one model at one step budget: {task: {"accuracy", "n", "nfe", "samples"}}."""
+    run = argparse.Namespace(**{**vars(args), "steps": steps})
+    results = {}
+    for task in tasks:
+        exs = task.examples("test", args.n, seed=args.seed)
+        outs, nfe = [], 0
+        for i in range(0, len(exs), args.batch_size):
+            chunk = exs[i:i + args.batch_size]
+            texts = [e.prompt if args.no_sep else e.input_text for e in chunk]
+            o, k = decode(model, tok, texts, run)
+            outs += o
+            nfe += k
+        scores = [task.score(e, o) for e, o in zip(exs, outs)]
+        results[task.name] = {"accuracy": sum(scores) / len(scores), "n": len(exs), "nfe": nfe,
+                              "samples": [{"prompt": e.prompt, "answer": e.answer, "output": o,
+                                           "score": s} for e, o, s in list(zip(exs, outs, scores))[:5]]}
+        if args.show:
+            print(f"  {task.name:16s} {results[task.name]['accuracy']:6.3f}  (n={len(exs)}, steps={steps})",
+                  flush=True)
+            for e, o, s in list(zip(exs, outs, scores))[:args.show]:
+                print(f"      {e.prompt!r} -> {o.split(chr(10))[0]!r} [{s:.0f}]", flush=True)
+    return results
+
+
+def suite_means(task_results: dict) -> dict[str, float]:
+    """Mean task accuracy per suite present in the results, plus "mean" over all tasks."""
+    out = {}
+    for suite, names in SUITES.items():
+        accs = [task_results[t]["accuracy"] for t in names if t in task_results]
+        if suite != "all" and accs:
+            out[suite] = sum(accs) / len(accs)
+    out["mean"] = sum(r["accuracy"] for r in task_results.values()) / len(task_results)
+    return out
+
+
+def curve_table(results: dict, gen_length: int) -> str:
+    """Markdown table: one row per (model, suite), one column per tokens-per-forward."""
+    lines = []
+    for model_name, by_steps in results.items():
+        steps = list(by_steps)
+        if not lines:
+            head = " | ".join(f"TPF {gen_length / k:g}" for k in steps)
+            lines += [f"| model | suite | {head} |", "|---|---|" + "---:|" * len(steps)]
+        means = {k: suite_means(by_steps[k]) for k in steps}
+        for suite in means[steps[0]]:
+            cells = " | ".join(f"{100 * means[k][suite]:.1f}" for k in steps)
+            lines.append(f"| {model_name} | {suite} | {cells} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="checkpoint dir (default: shipped tiny-dlm)")
+    ap.add_argument("--model", default="tiny-dlm",
+                    help="checkpoint dir or built-in name; several, comma-separated, are compared")
     ap.add_argument("--suite", default="all")
     ap.add_argument("--n", type=int, default=50, help="test examples per task")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--block-length", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--steps", default="64",
+                    help="forward-pass budget(s), comma-separated, e.g. 64,32,16,8 (TPF 1, 2, 4, 8)")
     ap.add_argument("--sampler", default="confidence")
     ap.add_argument("--kv-cache", default="none", choices=["none", "prefix", "dual"])
+    ap.add_argument("--eos-stop", action="store_true",
+                    help="stop decoding a row once a finished block holds EOS (eos_early_stop)")
     ap.add_argument("--loop", default="generate", choices=["generate", "simple"],
                     help="dlm.generate (default) or the script's own reference loop")
     ap.add_argument("--batch-size", type=int, default=64)
@@ -88,33 +164,36 @@ def main(argv=None):
     ap.add_argument("--show", type=int, default=1, help="print this many outputs per task")
     ap.add_argument("--json", default=None, help="write results here")
     args = ap.parse_args(argv)
+    try:
+        steps_list = parse_steps(args.steps)
+        tasks = get_suite(args.suite)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.n < 1:
+        print("error: --n must be at least 1", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
 
-    model, tok = load_tiny_dlm(args.model)
-    results = {}
+    results: dict[str, dict[int, dict]] = {}
     t_start = time.time()
-    for task in get_suite(args.suite):
-        exs = task.examples("test", args.n, seed=args.seed)
-        outs, nfe = [], 0
-        for i in range(0, len(exs), args.batch_size):
-            chunk = exs[i:i + args.batch_size]
-            texts = [e.prompt if args.no_sep else e.input_text for e in chunk]
-            o, k = decode(model, tok, texts, args)
-            outs += o
-            nfe += k
-        scores = [task.score(e, o) for e, o in zip(exs, outs)]
-        acc = sum(scores) / len(scores)
-        results[task.name] = {"accuracy": acc, "n": len(exs), "nfe": nfe,
-                              "samples": [{"prompt": e.prompt, "answer": e.answer, "output": o,
-                                           "score": s} for e, o, s in list(zip(exs, outs, scores))[:5]]}
-        print(f"{task.name:16s} {acc:6.3f}  (n={len(exs)})", flush=True)
-        for e, o, s in list(zip(exs, outs, scores))[:args.show]:
-            print(f"    {e.prompt!r} -> {o.split(chr(10))[0]!r} [{s:.0f}]", flush=True)
-    mean = sum(r["accuracy"] for r in results.values()) / len(results)
-    print(f"{'mean':16s} {mean:6.3f}   ({time.time() - t_start:.0f}s)")
+    for name in filter(None, (m.strip() for m in args.model.split(","))):
+        try:
+            model, tok = load_tiny_dlm(resolve_model(name))
+        except (FileNotFoundError, OSError) as err:
+            print(f"error: --model {name!r}: {err}", file=sys.stderr)
+            return 2
+        results[name] = {}
+        for steps in steps_list:
+            print(f"{name}: steps={steps} (TPF {args.gen_length / steps:g})", flush=True)
+            results[name][steps] = evaluate(model, tok, tasks, steps, args)
+    print(curve_table(results, args.gen_length))
+    print(f"({time.time() - t_start:.0f}s)")
     if args.json:
         payload = {"settings": {k: v for k, v in vars(args).items() if k != "json"},
-                   "mean_accuracy": mean, "tasks": results}
+                   "models": {name: {str(k): {"suites": suite_means(r), "tasks": r}
+                                     for k, r in by_steps.items()}
+                              for name, by_steps in results.items()}}
         Path(args.json).write_text(json.dumps(payload, indent=2))
         print(f"wrote {args.json}")
     return 0

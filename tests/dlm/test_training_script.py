@@ -62,3 +62,34 @@ def test_task_weight_overrides(train_script):
     for bad in ("nosuchtask=1", "copy", "copy="):
         with pytest.raises(ValueError, match="--task-weights"):
             train_script.task_weights(bad)
+
+
+def test_row_mean_weighting_gives_every_row_the_same_total(train_script):
+    tasks = get_suite("list_edits")
+    tok = TinyCharTokenizer()
+    x, clean, att, weights, P = train_script.build_batch(
+        tasks, [1.0] * len(tasks), tok, random.Random(1), batch_size=16, semi_ar=0.4, no_sep=0.0,
+        gen=torch.Generator().manual_seed(1), min_mask_ratio=0.0, loss_weighting="row-mean")
+    masked = x[:, P:] == tok.mask_token_id
+    assert ((weights[:, P:] > 0) == masked).all()
+    # each row's masked positions share weight 1 equally, whatever the row's mask ratio
+    torch.testing.assert_close(weights.sum(1), torch.ones(16))
+    per_token = weights[:, P:][masked]
+    expected = (1.0 / masked.sum(1, keepdim=True).float()).expand_as(masked)[masked]
+    torch.testing.assert_close(per_token, expected)
+
+
+def test_mask_ratio_power_moves_rows_to_small_ratios(train_script):
+    tasks = get_suite("list_edits")
+    tok = TinyCharTokenizer()
+
+    def mean_ratio(power):
+        x, _, _, _, P = train_script.build_batch(
+            tasks, [1.0] * len(tasks), tok, random.Random(2), batch_size=64, semi_ar=0.0, no_sep=0.0,
+            gen=torch.Generator().manual_seed(2), short_resp=0.0, min_mask_ratio=0.0,
+            mask_ratio_power=power)
+        return (x[:, P:] == tok.mask_token_id).float().mean().item()
+
+    # same uniform draws: t = u**power, E[u] = 1/2, E[u**3] = 1/4
+    assert mean_ratio(1.0) == pytest.approx(0.5, abs=0.06)
+    assert mean_ratio(3.0) == pytest.approx(0.25, abs=0.06)

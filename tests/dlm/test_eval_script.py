@@ -1,0 +1,72 @@
+"""scripts/eval_tiny_dlm.py: per-suite curves over several step budgets, on 2 examples per task."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from dlm.tasks import get_task
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_tiny_dlm.py"
+
+
+@pytest.fixture(scope="module")
+def eval_script():
+    spec = importlib.util.spec_from_file_location("eval_tiny_dlm", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(eval_script, tmp_path, *extra):
+    out = tmp_path / "eval.json"
+    rc = eval_script.main(["--suite", "puzzles", "--n", "2", "--steps", "64,16", "--show", "0",
+                           "--json", str(out), *extra])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_curve_per_suite_and_scores_recomputed(eval_script, tmp_path, capsys):
+    payload = run(eval_script, tmp_path, "--eos-stop")
+    assert payload["settings"]["eos_stop"] is True
+    by_steps = payload["models"]["tiny-dlm"]
+    assert list(by_steps) == ["64", "16"]
+    for steps, result in by_steps.items():
+        tasks = result["tasks"]
+        assert set(tasks) == {"sudoku", "latin"}
+        for name, r in tasks.items():
+            assert r["n"] == 2 and len(r["samples"]) == 2
+            assert 0 < r["nfe"] <= int(steps)  # one batch; eos-stop may end early
+            # every stored score is the task verifier's verdict, and the accuracy is their mean
+            task = get_task(name)
+            for s in r["samples"]:
+                ex = next(e for e in task.examples("test", 2, seed=0) if e.prompt == s["prompt"])
+                assert task.score(ex, s["output"]) == s["score"]
+            assert r["accuracy"] == pytest.approx(sum(s["score"] for s in r["samples"]) / 2)
+        accs = [tasks[t]["accuracy"] for t in ("sudoku", "latin")]
+        assert result["suites"]["puzzles"] == pytest.approx(sum(accs) / 2)
+        assert result["suites"]["mean"] == pytest.approx(sum(accs) / 2)
+    table = capsys.readouterr().out
+    assert "| model | suite | TPF 1 | TPF 4 |" in table and "| tiny-dlm | puzzles |" in table
+
+
+def test_engine_matches_the_scripts_reference_loop(eval_script, tmp_path):
+    """Without EOS stopping, dlm.generate and the script's own loop decode the same text."""
+    engine = run(eval_script, tmp_path)["models"]["tiny-dlm"]
+    reference = run(eval_script, tmp_path, "--loop", "simple")["models"]["tiny-dlm"]
+    for steps in ("64", "16"):
+        for name in ("sudoku", "latin"):
+            outs = [s["output"] for s in engine[steps]["tasks"][name]["samples"]]
+            assert outs == [s["output"] for s in reference[steps]["tasks"][name]["samples"]]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "64,0"], "--steps"),
+    (["--steps", "sixty"], "--steps"),
+    (["--suite", "nope"], "unknown suite"),
+    (["--model", "/no/such/checkpoint"], "--model"),
+])
+def test_bad_arguments_exit_2_with_one_line(eval_script, capsys, argv, message):
+    assert eval_script.main(["--n", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
