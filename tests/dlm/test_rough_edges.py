@@ -209,3 +209,23 @@ def test_image_grid_is_labelled_and_readable():
     assert grid.width > plain.width and grid.height > plain.height + 30  # captions and a title row
     with pytest.raises(ValueError, match="captions"):
         labeled_grid(images, ["x"], "t")
+
+
+def test_library_log_handlers_follow_the_current_stderr(capsys):
+    """diffusers binds its log handler to the stderr of the first warning; once that stream is closed
+    (a previous `main()` under capture), its next message must not become a logging traceback."""
+    import io
+    import logging
+
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.get_logger("diffusers")  # configures the library's StreamHandler
+    handler = next(h for h in logging.getLogger("diffusers").handlers if type(h) is logging.StreamHandler)
+    stale = io.StringIO()
+    handler.stream = stale
+    stale.close()
+    assert cli_main(["models"]) == 0
+    assert handler.stream is sys.stderr
+    logging.getLogger("diffusers.rough_edges_test").error("library message")
+    err = capsys.readouterr().err
+    assert "library message" in err and "Logging error" not in err
