@@ -49,10 +49,16 @@ def _log_to_current_stderr() -> None:
     for name in ("diffusers", "transformers"):
         if name not in sys.modules:
             continue
-        for handler in logging.getLogger(name).handlers:
-            if type(handler) is logging.StreamHandler and handler.stream is not sys.stderr:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            stream = getattr(handler, "stream", None)
+            if type(handler) is logging.StreamHandler and stream is not sys.stderr:
                 with handler.lock:  # not setStream(): it flushes the old, possibly closed, stream
                     handler.stream = sys.stderr
+            elif getattr(stream, "closed", False):
+                # Someone else's handler on a closed stream (e.g. a finished capture): it can only
+                # print "--- Logging error ---" tracebacks now, so it is detached.
+                logger.removeHandler(handler)
 
 
 def main(argv: list[str] | None = None) -> int:
