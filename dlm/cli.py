@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 # Order here is the order in `dlm --help`. Add a module name to register a subcommand.
@@ -37,6 +38,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_to_current_stderr() -> None:
+    """Point diffusers'/transformers' log handlers at the current `sys.stderr`.
+
+    Those libraries bind a StreamHandler to whatever `sys.stderr` was when they first logged. When
+    `main()` runs more than once in a process (tests capturing stderr, notebooks), that stream may be
+    closed by now, and their next warning would print a "--- Logging error ---" traceback instead of
+    our one-line output. Libraries not yet imported are left alone (no import cost).
+    """
+    for name in ("diffusers", "transformers"):
+        if name not in sys.modules:
+            continue
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            stream = getattr(handler, "stream", None)
+            if type(handler) is logging.StreamHandler and stream is not sys.stderr:
+                with handler.lock:  # not setStream(): it flushes the old, possibly closed, stream
+                    handler.stream = sys.stderr
+            elif getattr(stream, "closed", False):
+                # Someone else's handler on a closed stream (e.g. a finished capture): it can only
+                # print "--- Logging error ---" tracebacks now, so it is detached.
+                logger.removeHandler(handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -46,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    _log_to_current_stderr()
     try:
         return int(args.func(args) or 0)
     except (UsageError, ValueError, FileNotFoundError) as err:

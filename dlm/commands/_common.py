@@ -68,6 +68,13 @@ def quiet_transformers() -> None:
     logging.set_verbosity_error()
 
 
+def quiet_diffusers() -> None:
+    """No loader advice (e.g. "install accelerate") from diffusers on the user's stderr."""
+    from diffusers.utils import logging
+
+    logging.set_verbosity_error()
+
+
 def seeded_generator(seed: int):
     import torch
 

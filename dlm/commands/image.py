@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from dlm.commands._common import check_output_dir, positive_int
+from dlm.commands._common import check_output_dir, positive_int, quiet_diffusers
 
 # diffusers' own schedulers, selectable next to the project's registry (samplers.solvers.SOLVERS)
 DIFFUSERS_SOLVERS = {
@@ -106,6 +106,7 @@ def run(args) -> int:
     out_dir = check_output_dir(args.out)  # before any work
 
     solver = args.solver or ("ddim" if "ddim" in solver_names() else "diffusers-ddim")
+    quiet_diffusers()
     pipe = load_digits_pipeline()
     pipe.scheduler = make_scheduler(pipe, solver)
     need = min_steps(pipe.scheduler)

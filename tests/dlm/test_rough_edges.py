@@ -209,3 +209,29 @@ def test_image_grid_is_labelled_and_readable():
     assert grid.width > plain.width and grid.height > plain.height + 30  # captions and a title row
     with pytest.raises(ValueError, match="captions"):
         labeled_grid(images, ["x"], "t")
+
+
+def test_library_log_handlers_follow_the_current_stderr():
+    """diffusers binds its log handler to the stderr of its first message; once that stream is closed
+    (an earlier `main()` under capture), its next message would be a "--- Logging error ---"
+    traceback. main() points the handler at the current stderr and drops handlers on closed streams."""
+    import io
+    import logging
+
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.get_logger("diffusers")  # configures the library's StreamHandler
+    logger = logging.getLogger("diffusers")
+    handler = next(h for h in logger.handlers if type(h) is logging.StreamHandler)
+    stale = io.StringIO()
+    handler.stream = stale
+    stale.close()
+    dead = logging.FileHandler(os.devnull, delay=False)
+    dead.stream.close()
+    logger.addHandler(dead)
+    try:
+        assert cli_main(["models"]) == 0
+        assert handler.stream is sys.stderr
+        assert dead not in logger.handlers
+    finally:
+        logger.removeHandler(dead)
