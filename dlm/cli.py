@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "dlm.commands.models",
     "dlm.commands.bench",
     "dlm.commands.image",
+    "dlm.commands.train_joint",
 ]
 
 

@@ -90,6 +90,8 @@ class _BlockForward:
         self.attention_mask, self.position_ids = attention_mask, position_ids
         self.cache = None
         self.forward_tokens = 0
+        # Hidden-state hook (joint sampler): when on, full forwards ask for the last hidden state.
+        self.want_hidden, self.hidden = False, None
 
     def __call__(self, x: torch.Tensor, step: int, start: int, end: int) -> tuple[torch.Tensor, bool]:
         """Logits `[R, end-start, V]` for the block, and whether a full forward ran."""
@@ -97,6 +99,8 @@ class _BlockForward:
         full = self.mode == "none" or step == 0 or (self.refresh_every and step % self.refresh_every == 0)
         if full:
             raw = self._full(x)
+            if self.hidden is not None:
+                self.hidden = a.align(self.hidden, 0, start, end)
             return a.align(raw, 0, start, end), True
         shift = 1 if a.shift_logits else 0
         lo, hi = start - shift, (x.shape[1] if self.mode == "prefix" else end)
@@ -117,6 +121,9 @@ class _BlockForward:
             self.forward_tokens += x.numel()
             cond, un = logits.chunk(2)
             return un + (self.cfg_scale + 1) * (cond - un)
+        if self.want_hidden:  # kv_cache is "none" here (checked in generate)
+            raw, self.hidden = a.full_with_hidden(x, self.attention_mask, self.position_ids)
+            return raw
         raw, cache = a.full(x, self.attention_mask, self.position_ids, use_cache=self.mode != "none")
         if self.mode != "none":
             if cache is None:
@@ -221,6 +228,10 @@ def generate(
             f"prompt ({prompt_length} tokens) + gen_length ({gen_length}) = {total_length} exceeds the "
             f"model's context of {adapter.max_length} tokens; shorten the prompt or gen_length")
     policy = get_sampler(sampler, **(sampler_config or {}))
+    policy.prepare(adapter.model)
+    if policy.needs_hidden_states and (kv_cache != "none" or cfg_scale > 0):
+        raise ValueError(f"sampler {policy.name!r} reads the model's hidden states, which need kv_cache='none' "
+                         f"and cfg_scale=0")
 
     mask_id = adapter.mask_token_id
     device = input_ids.device
@@ -248,6 +259,7 @@ def generate(
         sub_mask = None if full_mask is None else full_mask[rows]
         sub_pos = None if positions is None else positions[rows]
         forward = _BlockForward(adapter, kv_cache, cache_refresh_every, cfg_scale, prompt_length, sub_mask, sub_pos)
+        forward.want_hidden = policy.needs_hidden_states
         used = 0
         for step in range(budget):
             x_rows = x[rows]
@@ -265,7 +277,8 @@ def generate(
             ctx = StepContext(
                 x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, budget - step),
                 step=step, steps_in_block=budget, last_step=last, temperature=temperature,
-                generator=generator, mask_token_id=mask_id, block_start=start, state=state, rows=rows)
+                generator=generator, mask_token_id=mask_id, block_start=start, state=state, rows=rows,
+                hidden=forward.hidden)
             result = policy.step(logits, ctx)
             new_block = _enforce_contract(result, block_x, candidates, masks_left, policy.remasks, last, mask_id)
             x[rows, start:end] = new_block

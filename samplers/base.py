@@ -65,6 +65,9 @@ class StepContext:
         block_start: absolute position of the block's first token.
         rows: `[B]` long, indices of these rows in the caller's full batch (rows that finished are
             not passed), so a stateful sampler can index its per-row state.
+        hidden: `[B, Lb, H]` float, the model's last hidden states at the block's positions from
+            this step's forward, aligned like the logits; only for a sampler whose
+            `needs_hidden_states` is True (None otherwise, or when the model gives none).
     """
 
     x: torch.Tensor
@@ -79,6 +82,7 @@ class StepContext:
     block_start: int = 0
     state: dict = field(default_factory=dict)
     rows: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -106,12 +110,16 @@ class Sampler:
         remasks: True if the sampler may turn committed tokens back into masks.
         adaptive: True if the sampler may commit more than `num_transfer` tokens in a step
             (it then finishes blocks with fewer forward passes than the budget).
+        needs_hidden_states: True if the driver must fill `StepContext.hidden` (it then runs every
+            forward as a full one with `output_hidden_states=True`); may be set per instance
+            by `prepare`.
     """
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[SamplerConfig]] = SamplerConfig
     remasks: ClassVar[bool] = False
     adaptive: ClassVar[bool] = False
+    needs_hidden_states: bool = False
 
     def __init__(self, config: SamplerConfig | None = None, **overrides: Any):
         if config is None:
@@ -122,6 +130,10 @@ class Sampler:
             raise ValueError(f"sampler '{self.name}' needs a {self.Config.__name__}, got {type(config).__name__}")
         config.validate()
         self.config = config
+
+    def prepare(self, model) -> None:
+        """Called once by the driver with the model before any forward pass; samplers that carry
+        artifacts trained for one model (the joint sampler's layer) check them here."""
 
     def init_state(self, batch_size: int, seq_len: int, device: torch.device) -> dict:
         """Fresh per-generation state; stateless samplers return an empty dict."""

@@ -3,3 +3,4 @@
 Importing this package registers every policy in `samplers.registry` by name.
 """
 from samplers.unmasking import random_order, confidence, margin, entropy, threshold, entropy_bounded  # noqa: F401
+from samplers.unmasking import joint  # noqa: F401,E402
