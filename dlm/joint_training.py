@@ -41,7 +41,7 @@ class TrainJointConfig:
 
     steps: int = 300
     batch: int = 64
-    chain: int = 8
+    chain: int = 4
     pool: int = 1024
     lr: float = 3e-3
     width: int = 64
@@ -193,7 +193,7 @@ def train_joint_layer(source: TrainingSource, config: TrainJointConfig, log=prin
         torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss) / (config.chain - 1))
+        losses.append(float(loss.detach()) / (config.chain - 1))
         if (it + 1) % max(1, config.steps // 10) == 0 or it == 0:
             recent = losses[-max(1, config.steps // 10):]
             log(f"step {it + 1}/{config.steps}: KL per link {sum(recent) / len(recent):.4f} nats "

@@ -174,7 +174,13 @@ class JointLayer(nn.Module):
         pos = self.position(torch.arange(lb, device=features.device))
         committed = (self.token(tokens.clamp(0, self.meta.vocab_size - 1)) + self.new_flag) * new.unsqueeze(-1)
         h = self.feature_proj(features) + pos + committed
-        return self.head(self.norm(self.block(h)))
+        # Each position attends only to itself and to the tokens committed this step: the layer's job
+        # is to condition on those, and the full forward's view of everything else is already in the
+        # features. Focused attention learns that far faster than attention over the whole block.
+        lb = new.shape[1]
+        allowed = new.unsqueeze(1) | torch.eye(lb, dtype=torch.bool, device=new.device)
+        blocked = (~allowed).repeat_interleave(self.meta.heads, dim=0)  # [B * heads, Lb, Lb]
+        return self.head(self.norm(self.block(h, src_mask=blocked)))
 
 
 def save_layer(layer: JointLayer, stem: str | Path) -> tuple[Path, Path]:
