@@ -67,7 +67,7 @@ class JointSampler(Sampler):
                 raise ValueError(
                     f"sampler 'joint' has no trained layer for this model ({name}, checkpoint hash "
                     f"{model_fingerprint(model)}); train one with `dlm train-joint --model ... --out PATH` "
-                    f"and pass layer=PATH (sampler_config={{'layer': PATH}} or --sampler-config layer=PATH)")
+                    f"and pass layer=PATH (get_sampler('joint', layer=PATH), or `dlm bench --samplers joint:layer=PATH`)")
             self.layer = layer
         else:
             self.layer.meta.check_model(model, source=f"joint layer {self.config.layer}")
