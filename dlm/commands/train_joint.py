@@ -19,10 +19,10 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="tiny-dlm",
                    help="built-in model, checkpoint path, or an oracle suite (oracle-permutation, oracle-hmm)")
     p.add_argument("--out", default=None, help="output stem (default for built-ins: the layer shipped with the package)")
-    p.add_argument("--steps", type=positive_int, default=None, help="optimiser steps (default: 800 oracles, 400 models)")
-    p.add_argument("--batch", type=positive_int, default=64, help="training states per step (default: 64)")
+    p.add_argument("--steps", type=positive_int, default=None, help="optimiser steps (default: 800 oracles, 150 models)")
+    p.add_argument("--batch", type=positive_int, default=None, help="training states per step (default: 64 oracles, 16 models)")
     p.add_argument("--chain", type=positive_int, default=4, help="tokens committed per state, >= 2 (default: 4)")
-    p.add_argument("--pool", type=positive_int, default=1024, help="samples of the model's own decoding (default: 1024)")
+    p.add_argument("--pool", type=positive_int, default=None, help="samples of the model's own decoding (default: 1024 oracles, 32 models)")
     p.add_argument("--suite", default="all", help="task suite whose train prompts feed a text model (default: all)")
     p.add_argument("--gen-length", type=positive_int, default=64, help="text models: generation length (default: 64)")
     p.add_argument("--block-length", type=positive_int, default=32, help="text models: block length (default: 32)")
@@ -79,8 +79,12 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     out = args.out or default_out(args.model)
-    steps = args.steps or (800 if args.model in ORACLES else 400)
-    config = TrainJointConfig(steps=steps, batch=args.batch, chain=args.chain, pool=args.pool, lr=args.lr,
+    # Defaults sized for CPU minutes: the oracles are nearly free to run, a text model is not.
+    oracle = args.model in ORACLES
+    steps = args.steps or (800 if oracle else 150)
+    batch = args.batch or (64 if oracle else 16)
+    pool = args.pool or (1024 if oracle else 32)
+    config = TrainJointConfig(steps=steps, batch=batch, chain=args.chain, pool=pool, lr=args.lr,
                               width=args.width, heads=4, features=args.features, seed=args.seed)
     config.validate()
     source = build_source(args)
