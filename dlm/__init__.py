@@ -8,10 +8,42 @@
     pipe = dlm.DLMPipeline.from_pretrained("tiny-dlm")
     pipe("reverse: ana bo cyd", num_inference_steps=16).texts
 """
-from dlm.adapters import DLMAdapter
-from dlm.generate import GenerateOutput, StepTrace, generate
-from dlm.loading import LoadedModel, builtin_models, load
-from dlm.pipeline import DLMPipeline, DLMPipelineOutput
+import importlib
+import sys
+import types
+
+# Public names resolve on first use (PEP 562), so `import dlm` and the `dlm` command start without
+# torch and transformers; `dlm models` and `dlm --help` then answer in a fraction of a second.
+_LAZY = {
+    "DLMAdapter": "dlm.adapters",
+    "GenerateOutput": "dlm.generate", "StepTrace": "dlm.generate", "generate": "dlm.generate",
+    "LoadedModel": "dlm.loading", "builtin_models": "dlm.loading", "load": "dlm.loading",
+    "DLMPipeline": "dlm.pipeline", "DLMPipelineOutput": "dlm.pipeline",
+}
 
 __all__ = ["DLMAdapter", "DLMPipeline", "DLMPipelineOutput", "GenerateOutput", "LoadedModel",
            "StepTrace", "builtin_models", "generate", "load"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dlm' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
+
+class _PackageModule(types.ModuleType):
+    """`dlm.generate` is the function, as with an eager `from dlm.generate import generate`: the
+    import system sets the submodule `dlm.generate` as a package attribute after loading it, and
+    this keeps the function there instead."""
+
+    def __setattr__(self, name, value):
+        if name == "generate" and isinstance(value, types.ModuleType):
+            value = value.generate
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _PackageModule

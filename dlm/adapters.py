@@ -3,10 +3,12 @@
 The driver asks an adapter for the logits of one block, `[B, Lb, V]`, aligned so that entry j
 predicts the token at absolute position `block_start + j`. The adapter hides:
 - aligned (LLaDA family) vs shifted (Dream family: `logits[:, i-1]` predicts token i) outputs;
-- models returning a tensor or an object with `.logits`;
+- models returning a tensor, an object with `.logits`, a dict with "logits" or a tuple whose
+  first item is the logits;
 - left-padding attention masks and position ids;
 - the windowed KV-cache call of models that support it (`supports_dlm_kv_cache = True`, see
-  `dlm.tiny.modeling` for the exact signature).
+  `dlm.tiny.modeling` for the exact signature);
+- the block-causal capability (`dlm_block_causal = True`): the driver then feeds `x[:, :block_end]`.
 """
 from __future__ import annotations
 
@@ -48,6 +50,25 @@ def resolve_token_id(name: str, given: int | None, model: Any, tokenizer: Any = 
     return None
 
 
+def model_output_logits(out) -> tuple[torch.Tensor, Any]:
+    """(logits, past_key_values or None) from whatever a model returned.
+
+    Accepts a tensor, an object with `.logits` (transformers' ModelOutput), a dict with "logits"
+    and a tuple/list whose first item is the logits (`return_dict=False`).
+    """
+    if isinstance(out, torch.Tensor):
+        return out, None
+    if isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
+        return out["logits"], out.get("past_key_values")
+    if isinstance(getattr(out, "logits", None), torch.Tensor):
+        return out.logits, getattr(out, "past_key_values", None)
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0], None
+    raise ValueError(
+        f"the model returned {type(out).__name__}, not logits: a model must return a [batch, length, vocab] "
+        "tensor, an object with .logits, a dict with 'logits' or a tuple whose first item is the logits")
+
+
 @dataclass
 class DLMAdapter:
     """Wraps any callable `model(input_ids, attention_mask=None, **kw)` for the driver.
@@ -87,6 +108,32 @@ class DLMAdapter:
         return bool(getattr(self.model, "supports_dlm_kv_cache", False))
 
     @property
+    def block_causal(self) -> bool:
+        """True when the model declares `dlm_block_causal = True` (on itself or its config): its
+        logits at positions before a block's end never depend on later positions, so the driver
+        forwards only `x[:, :block_end]` (LLaDA2-style block-diffusion models). Never inferred:
+        a bidirectional model (LLaDA, Dream, the built-in tiny model) would silently change."""
+        explicit = getattr(self.model, "dlm_block_causal", None)
+        if explicit is None:
+            config = _config_of(self.model)
+            explicit = getattr(config, "dlm_block_causal", None) if config is not None else None
+        return bool(explicit)
+
+    @property
+    def vocab_size(self) -> int | None:
+        config = _config_of(self.model)
+        value = getattr(config, "vocab_size", None) if config is not None else None
+        return int(value) if value else None
+
+    @property
+    def prompt_separator_id(self) -> int | None:
+        """Token every prompt must end with, for models trained that way (the tiny model's newline,
+        `config.position_restart_token_id`); None when the model has no such convention."""
+        config = _config_of(self.model)
+        value = getattr(config, "position_restart_token_id", None) if config is not None else None
+        return None if value is None else int(value)
+
+    @property
     def max_length(self) -> int | None:
         config = _config_of(self.model)
         value = getattr(config, "max_position_embeddings", None) if config is not None else None
@@ -96,10 +143,7 @@ class DLMAdapter:
         kwargs = dict(kw)
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
-        out = self.model(input_ids, **kwargs)
-        if isinstance(out, torch.Tensor):
-            return out, None
-        return out.logits, getattr(out, "past_key_values", None)
+        return model_output_logits(self.model(input_ids, **kwargs))
 
     def full(self, x, attention_mask, position_ids, *, use_cache: bool = False):
         """One full forward pass. Returns raw logits `[B, L, V]` and the cache (or None)."""
@@ -133,6 +177,16 @@ class DLMAdapter:
             kw["position_ids"] = position_ids[:, start:end]
         logits, _ = self._call(x[:, start:end], attention_mask, **kw)
         return logits
+
+    def extend(self, x, cache, start: int, attention_mask, position_ids):
+        """Forward `x[:, start:]` against `cache` and return its raw logits `[B, L-start, V]` with
+        the cache whose slots `start:` now hold the window's K/V (slots before `start` are kept):
+        the prefix cache extended by one decoded block instead of recomputed."""
+        end = x.shape[1]
+        kw = {"past_key_values": cache, "cache_window": (start, end), "use_cache": True}
+        if position_ids is not None:
+            kw["position_ids"] = position_ids[:, start:end]
+        return self._call(x[:, start:end], attention_mask, **kw)
 
     def align(self, raw: torch.Tensor, raw_start: int, block_start: int, block_end: int) -> torch.Tensor:
         """Slice logits predicting tokens `block_start:block_end` out of raw logits that begin at

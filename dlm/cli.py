@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse's one-line usage errors (exit 2) and --help (exit 0)
+        return int(exit_.code or 0)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

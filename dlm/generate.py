@@ -5,9 +5,10 @@ Fast-dLLM (Wu et al., 2025) and dInfer's EOS early stop. The step policy is a `s
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -26,7 +27,12 @@ class StepTrace:
     Attributes:
         block: block index. step: step index inside the block. nfe: forward passes so far.
         rows: `[R]` batch rows decoded by this step. committed: `[R]` tokens committed (net of remasking).
-        masks_left: `[R]` masks left in the block after the step. full_forward: False for a cached window.
+        masks_left: `[R]` masks left in the block after the step. full_forward: False for a cached window
+        (and for a step that reused the logits a lookahead call returned).
+        forwards: forward passes this step cost (0 when it reused lookahead logits, 1 plain, +1 per
+        `ctx.forward` call). branch_forwards: per row, the rows of those passes (a lookahead call on
+        k candidates counts k).
+        tokens: `[R, Lb]` block tokens after the step, kept only when `return_trace=True`.
     """
 
     block: int
@@ -36,6 +42,9 @@ class StepTrace:
     committed: torch.Tensor
     masks_left: torch.Tensor
     full_forward: bool
+    forwards: int = 1
+    branch_forwards: int = 1
+    tokens: torch.Tensor | None = None
 
 
 @dataclass
@@ -44,12 +53,18 @@ class GenerateOutput:
 
     Attributes:
         sequences: `[B, P + gen_length]` long, prompt (unchanged) followed by the generation.
-        nfe: model forward passes (a batched call counts once; a cached window call counts once).
+        nfe: model forward passes (a batched call counts once; a cached window call counts once;
+            a lookahead `ctx.forward` call over k candidates per row counts once).
+        branch_forwards: forward passes counted per evaluated branch (per sequence): a plain pass
+            adds 1, a lookahead call over k candidates adds k. Equals `nfe` for samplers that do
+            not look ahead; the gap is the compute a lookahead sampler spends beyond its NFE.
         tpf: tokens per forward, `gen_length / nfe` (per sequence).
         seconds: wall time of the loop.
         forward_tokens: query positions processed over all calls and rows (compute proxy).
         steps_per_block: forward passes each block actually used.
         trace: per-step records when `return_trace=True`.
+        experts: for an ensemble (`sampler="hex"`), a `dlm.ensemble.HexExperts` with every
+            expert's output and answer; None otherwise.
     """
 
     sequences: torch.Tensor
@@ -59,6 +74,8 @@ class GenerateOutput:
     forward_tokens: int
     steps_per_block: list[int]
     trace: list[StepTrace] = field(default_factory=list)
+    branch_forwards: int = 0
+    experts: Any = None
 
 
 def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, cache_refresh_every):
@@ -68,8 +85,8 @@ def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, c
         raise ValueError("input_ids is empty: give a prompt of at least one token")
     if attention_mask is not None and attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
     if kv_cache not in KV_CACHE_MODES:
         raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
     if cfg_scale < 0:
@@ -80,8 +97,20 @@ def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, c
         raise ValueError(f"cache_refresh_every must be >= 0 (0 refreshes only at block starts), got {cache_refresh_every}")
 
 
+def _check_cache_reuse(cache_across_blocks: bool, kv_cache: str) -> None:
+    if cache_across_blocks and kv_cache == "none":
+        raise ValueError("cache_across_blocks=True needs a KV cache: pass kv_cache='prefix' or 'dual'")
+
+
 class _BlockForward:
-    """Produces aligned block logits for one block, owning the KV cache of that block."""
+    """Produces aligned block logits for one block, owning the KV cache of that block.
+
+    It never feeds the model what cannot change the block's logits:
+    - a block-causal model (`DLMAdapter.block_causal`) gets only `x[:, :end]`: its positions before
+      `end` never attend past `end`, so the masked blocks after the current one are not computed;
+    - `live` (an index into the block's rows, see `_rows_needing_model`) drops rows whose answer is
+      already fixed; their logits come back as zeros, which the driver's EOS fill overwrites.
+    """
 
     def __init__(self, adapter: DLMAdapter, mode: str, refresh_every: int, cfg_scale: float,
                  prompt_length: int, attention_mask, position_ids):
@@ -89,47 +118,216 @@ class _BlockForward:
         self.cfg_scale, self.prompt_length = cfg_scale, prompt_length
         self.attention_mask, self.position_ids = attention_mask, position_ids
         self.cache = None
+        self.cache_rows = None  # `[Rc]` sorted block-row indices the cache holds (None: all rows)
         self.forward_tokens = 0
         # Hidden-state hook (joint sampler): when on, full forwards ask for the last hidden state.
         self.want_hidden, self.hidden = False, None
+        self.carried = None  # (cache of the previous block for these rows, that block's start)
+        self._repeated = None  # (k, cache with each row repeated k times) for lookahead calls
 
-    def __call__(self, x: torch.Tensor, step: int, start: int, end: int) -> tuple[torch.Tensor, bool]:
-        """Logits `[R, end-start, V]` for the block, and whether a full forward ran."""
+    def __call__(self, x: torch.Tensor, step: int, start: int, end: int,
+                 live: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+        """Logits `[R, end-start, V]` for the block, and whether a full forward ran.
+
+        `x` is `[R, L]`; with `live` (`[R']` sorted row indices) only those rows are forwarded and the
+        other rows' logits are zeros."""
         a = self.adapter
         full = self.mode == "none" or step == 0 or (self.refresh_every and step % self.refresh_every == 0)
-        if full:
-            raw = self._full(x)
-            if self.hidden is not None:
+        x_in, mask, pos = self._inputs(x, end, live)
+        if full and step == 0 and self.carried is not None:
+            raw, lo = self._extend(x_in, mask, pos)
+            logits = a.align(raw, lo, start, end)
+        elif full:
+            raw = self._full(x_in, mask, pos, live=live)
+            logits = a.align(raw, 0, start, end)
+            if self.hidden is not None:  # hidden-state hook: aligned like the logits
                 self.hidden = a.align(self.hidden, 0, start, end)
-            return a.align(raw, 0, start, end), True
+        else:
+            shift = 1 if a.shift_logits else 0
+            lo, hi = start - shift, (x_in.shape[1] if self.mode == "prefix" else end)
+            raw = a.window(x_in, self._cache_for(live), lo, hi, mask, pos)
+            self.forward_tokens += x_in.shape[0] * (hi - lo)
+            logits = a.align(raw, lo, start, end)
+        if live is None:
+            return logits, full
+        out = logits.new_zeros((x.shape[0], *logits.shape[1:]))
+        out[live] = logits
+        if self.hidden is not None and self.hidden.shape[0] != x.shape[0]:
+            hidden = self.hidden.new_zeros((x.shape[0], *self.hidden.shape[1:]))
+            hidden[live] = self.hidden
+            self.hidden = hidden
+        return out, full
+
+    def _inputs(self, x, end, live):
+        """The model's input: `x`, its attention mask and positions, cut to `:end` for a
+        block-causal model and to the `live` rows."""
+        return _select(x, self.attention_mask, self.position_ids, end if self.adapter.block_causal else None, live)
+
+    def _cache_for(self, live):
+        """The cache restricted to the `live` rows. Rows only ever leave within a block, so the
+        rows the cache holds (`cache_rows`, None for all) are a superset of `live`."""
+        held = self.cache_rows
+        if live is None or (held is not None and held.numel() == live.numel()):
+            return self.cache
+        return _index_cache(self.cache, live if held is None else torch.searchsorted(held, live))
+
+    def _extend(self, x, mask, pos) -> tuple[torch.Tensor, int]:
+        """Block start without a full forward: recompute only from the previous block's start (that
+        block is now decoded) to the end, against the prompt and earlier blocks' cached K/V.
+
+        Approximation (documented in `generate`): those cached K/V were computed when the later
+        positions still held masks; a full forward would recompute them with the decoded tokens."""
+        cache, lo = self.carried
+        raw, new_cache = self.adapter.extend(x, cache, lo, mask, pos)
+        if new_cache is None:
+            raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
+        self.cache, self.cache_rows = new_cache, None
+        self.forward_tokens += x.shape[0] * (x.shape[1] - lo)
+        return raw, lo
+
+    def branches(self, x: torch.Tensor, k: int, start: int, end: int) -> torch.Tensor:
+        """Aligned block logits `[R*k, end-start, V]` for `x [R*k, L]`: each of the block's R rows
+        repeated k times (row-major), differing only inside the block.
+
+        Reuses the block's KV cache when there is one (the prefix, and for "dual" also the suffix,
+        are identical for all k candidates of a row, so the cached K/V are repeated, not
+        recomputed); without a cache it is one full forward over all R*k rows."""
+        a = self.adapter
+        mask = None if self.attention_mask is None else self.attention_mask.repeat_interleave(k, dim=0)
+        pos = None if self.position_ids is None else self.position_ids.repeat_interleave(k, dim=0)
+        x, mask, pos = _select(x, mask, pos, end if a.block_causal else None, None)
+        if self.mode == "none" or self.cache is None:
+            return a.align(self._full(x, mask, pos, keep_cache=False), 0, start, end)
+        if self._repeated is None or self._repeated[0] != k:
+            self._repeated = (k, _repeat_cache_rows(self.cache, k))
         shift = 1 if a.shift_logits else 0
         lo, hi = start - shift, (x.shape[1] if self.mode == "prefix" else end)
-        raw = a.window(x, self.cache, lo, hi, self.attention_mask, self.position_ids)
+        raw = a.window(x, self._repeated[1], lo, hi, mask, pos)
         self.forward_tokens += x.shape[0] * (hi - lo)
-        return a.align(raw, lo, start, end), False
+        return a.align(raw, lo, start, end)
 
-    def _full(self, x: torch.Tensor) -> torch.Tensor:
+    def _full(self, x: torch.Tensor, attention_mask, position_ids, keep_cache: bool = True, live=None) -> torch.Tensor:
+        """One full forward of `x` (already cut to the model's input, see `_select`)."""
         a = self.adapter
         self.forward_tokens += x.numel()
         if self.cfg_scale > 0:
             # LLaDA's CFG: the unconditional input masks the prompt; one batched call.
             uncond = x.clone()
             uncond[:, : self.prompt_length] = a.mask_token_id
-            both_mask = None if self.attention_mask is None else self.attention_mask.repeat(2, 1)
-            both_pos = None if self.position_ids is None else self.position_ids.repeat(2, 1)
+            both_mask = None if attention_mask is None else attention_mask.repeat(2, 1)
+            both_pos = None if position_ids is None else position_ids.repeat(2, 1)
             logits, _ = a.full(torch.cat([x, uncond]), both_mask, both_pos)
             self.forward_tokens += x.numel()
             cond, un = logits.chunk(2)
             return un + (self.cfg_scale + 1) * (cond - un)
         if self.want_hidden:  # kv_cache is "none" here (checked in generate)
-            raw, self.hidden = a.full_with_hidden(x, self.attention_mask, self.position_ids)
+            raw, self.hidden = a.full_with_hidden(x, attention_mask, position_ids)
             return raw
-        raw, cache = a.full(x, self.attention_mask, self.position_ids, use_cache=self.mode != "none")
-        if self.mode != "none":
+        use_cache = keep_cache and self.mode != "none"
+        raw, cache = a.full(x, attention_mask, position_ids, use_cache=use_cache)
+        if use_cache:
             if cache is None:
                 raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
-            self.cache = cache
+            self.cache, self._repeated, self.cache_rows = cache, None, live
         return raw
+
+
+def _repeat_cache_rows(cache, k: int):
+    """Each batch row of a KV cache repeated k times (row-major), as new tensors.
+
+    Handles caches made of nested tuples/lists of `[B, ...]` tensors (the windowed-cache models of
+    this project); anything else cannot be shared by lookahead candidates."""
+    if isinstance(cache, torch.Tensor):
+        return cache.repeat_interleave(k, dim=0)
+    if isinstance(cache, (tuple, list)):
+        return type(cache)(_repeat_cache_rows(c, k) for c in cache)
+    raise ValueError(
+        f"a lookahead sampler cannot share a {type(cache).__name__} KV cache between its candidates "
+        f"(needs nested tuples of tensors); use kv_cache='none' with this model")
+
+
+def _select(x, mask, pos, end, live):
+    """`x [R, L]` with its attention mask and positions (either may be None), cut to `:end` when
+    `end` is given (block-causal model) and to the `live` rows `[R']` when given."""
+    if end is not None:
+        x = x[:, :end]
+        mask = None if mask is None else mask[:, :end]
+        pos = None if pos is None else pos[:, :end]
+    if live is not None:
+        x = x[live]
+        mask = None if mask is None else mask[live]
+        pos = None if pos is None else pos[live]
+    return x, mask, pos
+
+
+def _carry_cache(forward: _BlockForward, rows: torch.Tensor, start: int, next_rows: torch.Tensor):
+    """The cache a finished block hands to the next one, or None when it has none.
+
+    `rows` `[R]` are the finished block's batch rows and `next_rows` `[R']` the next block's: rows
+    only leave, and a row the cache dropped inside the block had finished, so `next_rows` is a subset
+    of the rows the cache holds. Returns `(cache for next_rows, start)`."""
+    if forward.cache is None:
+        return None
+    held = rows if forward.cache_rows is None else rows[forward.cache_rows]
+    idx = torch.searchsorted(held, next_rows)
+    cache = forward.cache if idx.numel() == held.numel() else _index_cache(forward.cache, idx)
+    return cache, start
+
+
+def _index_cache(cache, rows: torch.Tensor):
+    """Select batch rows of a legacy cache (nested tuples/lists of `[B, ...]` tensors)."""
+    if isinstance(cache, torch.Tensor):
+        return cache[rows]
+    if isinstance(cache, (tuple, list)):
+        return type(cache)(_index_cache(c, rows) for c in cache)
+    raise RuntimeError(f"cannot select rows of a {type(cache).__name__} cache; pass eos_early_stop=False")
+
+
+def _rows_needing_model(block_x: torch.Tensor, eos_id: int, mask_id: int) -> torch.Tensor:
+    """`[R]` bool: rows whose output can still change (dInfer's EOS stop, applied at every step).
+
+    `block_x` `[R, Lb]` is the current block of rows still decoded (their earlier blocks are fully
+    committed and hold no EOS). A row is finished once the block holds an EOS with no mask before
+    it: the tokens before that EOS are committed and stay (the sampler does not remask) and
+    `_stop_at_eos` overwrites everything after it at the block's end, so another forward of that
+    row cannot change the output.
+    """
+    is_mask = (block_x == mask_id).long()
+    masks_before = is_mask.cumsum(dim=1) - is_mask  # masks strictly before each position
+    return ~((block_x == eos_id) & (masks_before == 0)).any(dim=1)
+
+
+class _LookaheadForward:
+    """`ctx.forward` of one step: logits of k candidate blocks per row, one batched model call each.
+
+    Counted by the driver: each call is one NFE and `k` branch forwards per row; calls stop at the
+    block's remaining share of the step budget (a further call raises)."""
+
+    def __init__(self, forward: _BlockForward, x_rows: torch.Tensor, start: int, end: int, mask_id: int, allowance: int):
+        self.forward, self.x_rows, self.start, self.end = forward, x_rows, start, end
+        self.mask_id, self.allowance = mask_id, allowance
+        self.calls, self.branches = 0, 0
+
+    @property
+    def left(self) -> int:
+        return self.allowance - self.calls
+
+    def __call__(self, candidates: torch.Tensor) -> torch.Tensor:
+        """candidates: `[R, k, Lb]` long block tokens. Returns aligned logits `[R, k, Lb, V]`."""
+        R, Lb = self.x_rows.shape[0], self.end - self.start
+        if candidates.dim() != 3 or candidates.shape[0] != R or candidates.shape[2] != Lb or candidates.dtype != torch.long:
+            raise ValueError(f"ctx.forward needs candidates of shape [{R}, k, {Lb}] (torch.long), got "
+                             f"{tuple(candidates.shape)} {candidates.dtype}")
+        if self.left <= 0:
+            raise RuntimeError("ctx.forward: the block's step budget is spent; check ctx.forwards_left before calling")
+        k = candidates.shape[1]
+        x = self.x_rows.repeat_interleave(k, dim=0)
+        x[:, self.start:self.end] = candidates.reshape(R * k, Lb)
+        logits = self.forward.branches(x, k, self.start, self.end)
+        logits[..., self.mask_id] = float("-inf")  # as for the driver's own logits
+        self.calls += 1
+        self.branches += k
+        return logits.reshape(R, k, Lb, -1)
 
 
 def _full_attention(attention_mask, gen_length):
@@ -142,6 +340,13 @@ def _full_attention(attention_mask, gen_length):
     mask = torch.cat([attention_mask.long(), attention_mask.new_ones(attention_mask.shape[0], gen_length).long()], dim=1)
     positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
     return mask, positions
+
+
+def _live_index(needs: torch.Tensor) -> torch.Tensor | None:
+    """Sorted indices of the rows to forward, or None when every row needs the model (no copy)."""
+    if bool(needs.all()):
+        return None
+    return needs.nonzero().squeeze(1)
 
 
 def _stop_at_eos(x: torch.Tensor, rows: torch.Tensor, prompt_length: int, block_end: int, eos_id: int) -> torch.Tensor:
@@ -174,7 +379,8 @@ def generate(
     kv_cache: str = "none",
     cache_refresh_every: int = 0,
     cfg_scale: float = 0.0,
-    eos_early_stop: bool = False,
+    cache_across_blocks: bool = False,
+    eos_early_stop: bool | None = None,
     shift_logits: bool | None = None,
     callback: Callable[[StepTrace], None] | None = None,
     return_trace: bool = False,
@@ -186,14 +392,21 @@ def generate(
     Args:
         model: callable `model(input_ids, attention_mask=None, **kw)` returning logits `[B, L, V]`
             or an object with `.logits`; or a `DLMAdapter`.
-        input_ids: `[B, P]` long prompts, left-padded when lengths differ (give `attention_mask`).
+        input_ids: `[B, P]` long prompts, left-padded when lengths differ (give `attention_mask`;
+            without it, a leading run of the pad id is taken as padding, see `check_prompt_ids`).
+            Encode text with the tokenizer's prompt convention (`tokenizer.encode_prompt(text)` for
+            the built-in tiny model, or `DLMPipeline`, which does it for you).
         gen_length: tokens to generate; a multiple of `block_length`.
         block_length: semi-autoregressive block size (default: `gen_length`, one block).
         steps: budget of forward passes for the whole generation (default: `gen_length`, one token
             per step). Blocks get `ceil(steps_left / blocks_left)` passes each, unused passes roll
             over, and within a block each step commits `ceil(masks_left / steps_left)` tokens, so
             the budget is never exceeded and every step commits at least one token.
+            Lookahead calls of a sampler that searches (`ctx.forward`, see `samplers.base`) count
+            against the same budget, one pass per batched call; the driver offers `ctx.forward`
+            only while the block has a pass to spare, so the budget holds for them too.
         sampler: registry name or `Sampler` object; `sampler_config` overrides its config by name.
+            An ensemble (`"hex"`) runs its experts through `dlm.ensemble` and ignores `block_length`.
         temperature: 0 is greedy; > 0 samples with Gumbel-max in float64 using `generator`.
         mask_token_id / eos_token_id: taken from the model config when not given.
         attention_mask: `[B, P]`, 1 for real prompt tokens, 0 for left padding.
@@ -201,33 +414,60 @@ def generate(
             `supports_dlm_kv_cache`. The cache is rebuilt by a full forward at every block start and
             every `cache_refresh_every` steps inside a block (0: block starts only; 1: every step,
             which reproduces the no-cache output exactly).
+        cache_across_blocks: with a KV cache, start each block after the first by extending the
+            previous block's cache instead of a full forward: only the previous block (now decoded)
+            and what follows it are recomputed, the prompt's and earlier blocks' K/V are reused.
+            An approximation like the cache itself (those K/V were computed while later positions
+            were masks); with one block, or `kv_cache="none"`, it changes nothing.
         cfg_scale: LLaDA classifier-free guidance weight (0 is off).
         eos_early_stop: once a finished block holds EOS, fill the rest of that row with EOS and stop
-            decoding it (dInfer); the other rows go on.
+            decoding it (dInfer); the other rows go on. None (default): on when the EOS id is known
+            (the same default in `DLMPipeline`, the CLI and `dlm bench`); False decodes every block.
+            With a sampler that neither remasks nor looks ahead, a row also leaves the model's batch
+            inside a block as soon as it holds an EOS with no mask before it (its output is then
+            fixed); the sampler still sees it, with zero logits, so its random draws and the other
+            rows' outputs are the same as without this skip.
         shift_logits: True for Dream-style models (`logits[:, i-1]` predicts token i); inferred from
             the config when None.
         callback / return_trace: observe each step as a `StepTrace`.
         progress: show a progress bar over the budget on stderr.
 
     Returns:
-        `GenerateOutput` with `.sequences [B, P + gen_length]`, `.nfe`, `.tpf`, `.seconds`.
+        `GenerateOutput` with `.sequences [B, P + gen_length]`, `.nfe`, `.branch_forwards`, `.tpf`,
+        `.seconds`.
     """
     steps = gen_length if steps is None else steps
+    policy = get_sampler(sampler, **(sampler_config or {}))
+    if policy.ensemble:
+        # HEX decides over whole generations: each expert is a call of this function with its own
+        # block length (`block_length` is not used: the experts' block lengths are the config's).
+        from dlm.ensemble import hex_generate
+
+        return hex_generate(
+            model, input_ids, gen_length=gen_length, steps=steps, config=policy.config, callback=callback,
+            return_trace=return_trace, temperature=temperature, mask_token_id=mask_token_id,
+            eos_token_id=eos_token_id, attention_mask=attention_mask, generator=generator, kv_cache=kv_cache,
+            cache_refresh_every=cache_refresh_every, cfg_scale=cfg_scale, eos_early_stop=eos_early_stop,
+            shift_logits=shift_logits, progress=progress)
     block_length = gen_length if block_length is None else block_length
     num_blocks = validate_lengths(gen_length, block_length, steps)
     _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, cache_refresh_every)
+    _check_cache_reuse(cache_across_blocks, kv_cache)
     adapter = DLMAdapter.wrap(model, mask_token_id=mask_token_id, eos_token_id=eos_token_id, shift_logits=shift_logits)
     if kv_cache != "none" and not adapter.supports_kv_cache:
         raise ValueError(f"kv_cache={kv_cache!r} needs a model with KV-cache support (supports_dlm_kv_cache); use kv_cache='none'")
-    if eos_early_stop and adapter.eos_token_id is None:
+    if eos_early_stop is None:
+        eos_early_stop = adapter.eos_token_id is not None
+    elif eos_early_stop and adapter.eos_token_id is None:
         raise ValueError("eos_early_stop=True needs eos_token_id (pass it or use a model whose config has it)")
+    attention_mask = check_prompt_ids(adapter, input_ids, attention_mask)
     batch, prompt_length = input_ids.shape
     total_length = prompt_length + gen_length
     if adapter.max_length is not None and total_length > adapter.max_length:
         raise ValueError(
             f"prompt ({prompt_length} tokens) + gen_length ({gen_length}) = {total_length} exceeds the "
             f"model's context of {adapter.max_length} tokens; shorten the prompt or gen_length")
-    policy = get_sampler(sampler, **(sampler_config or {}))
+    # Hidden-state hook (joint sampler): the policy checks its trained layer against the model.
     policy.prepare(adapter.model)
     if policy.needs_hidden_states and (kv_cache != "none" or cfg_scale > 0):
         raise ValueError(f"sampler {policy.name!r} reads the model's hidden states, which need kv_cache='none' "
@@ -242,10 +482,14 @@ def generate(
         # The model defines its own position scheme; computed once, since the prompt never changes.
         positions = model_positions(x, full_mask)
     active = torch.ones(batch, dtype=torch.bool, device=device)
+    # Per-step EOS stop needs committed tokens to stay (a remasking sampler can reopen them) and a
+    # full batch for lookahead calls, which share the block's cache row for row.
+    skip_finished = eos_early_stop and not policy.remasks and not policy.looks_ahead
+    previous = None  # (forward, rows, start) of the last block, whose cache the next block extends
     state = policy.init_state(batch, total_length, device)
     trace: list[StepTrace] = []
     steps_per_block: list[int] = []
-    nfe, forward_tokens, steps_left = 0, 0, steps
+    nfe, forward_tokens, branch_forwards, steps_left = 0, 0, 0, steps
     bar = tqdm(total=steps, desc=f"dlm {policy.name}", unit="nfe", disable=not progress, leave=False)
     started = time.perf_counter()
 
@@ -260,37 +504,71 @@ def generate(
         sub_pos = None if positions is None else positions[rows]
         forward = _BlockForward(adapter, kv_cache, cache_refresh_every, cfg_scale, prompt_length, sub_mask, sub_pos)
         forward.want_hidden = policy.needs_hidden_states
-        used = 0
-        for step in range(budget):
+        if previous is not None:
+            forward.carried = _carry_cache(*previous, rows)
+        used, step, reuse = 0, 0, None
+        while True:
             x_rows = x[rows]
             block_x = x_rows[:, start:end]
             candidates = block_x == mask_id
             masks_left = candidates.sum(dim=1)
             if not bool(masks_left.any()):  # one host sync per step: the block may finish early
                 break
-            last = step == budget - 1
-            logits, was_full = forward(x_rows, step, start, end)
-            # The mask token is never a valid answer; an untrained or off-distribution model may
-            # still rank it first, which would "commit" a mask.
-            logits[..., mask_id] = float("-inf")
-            nfe, used = nfe + 1, used + 1
+            live = None
+            if reuse is not None:
+                # The sampler's lookahead call already ran the model on exactly this block state.
+                logits, was_full, forwards = reuse, False, 0
+            else:
+                if used >= budget:  # unreachable: the step that spent the budget filled every mask
+                    raise RuntimeError("internal error: block has masks left but no forward passes")
+                if skip_finished:
+                    live = _live_index(_rows_needing_model(block_x, adapter.eos_token_id, mask_id))
+                    if live is not None and live.numel() == 0:
+                        break  # every row is finished: the EOS fill below completes the block
+                logits, was_full = forward(x_rows, step, start, end, live)
+                # The mask token is never a valid answer; an untrained or off-distribution model may
+                # still rank it first, which would "commit" a mask.
+                logits[..., mask_id] = float("-inf")
+                used, forwards = used + 1, 1
+            last = used >= budget
+            lookahead = None
+            if policy.looks_ahead and not last:
+                lookahead = _LookaheadForward(forward, x_rows, start, end, mask_id, budget - used)
             ctx = StepContext(
-                x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, budget - step),
+                x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, budget - used + 1),
                 step=step, steps_in_block=budget, last_step=last, temperature=temperature,
                 generator=generator, mask_token_id=mask_id, block_start=start, state=state, rows=rows,
+                forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left,
                 hidden=forward.hidden)
             result = policy.step(logits, ctx)
             new_block = _enforce_contract(result, block_x, candidates, masks_left, policy.remasks, last, mask_id)
+            branches = forwards
+            if lookahead is not None:
+                used += lookahead.calls
+                forwards += lookahead.calls
+                branches += lookahead.branches
+            reuse = _reusable_logits(result, new_block, lookahead)
+            if reuse is None and used >= budget:
+                # The sampler spent the last pass on a lookahead whose logits cannot serve the next
+                # step: nothing is left to run, so its proposal fills the block now.
+                new_block = torch.where(new_block == mask_id, result.proposal, new_block)
             x[rows, start:end] = new_block
-            bar.update(1)
+            nfe += forwards
+            branch_forwards += branches
+            bar.update(forwards)
             if callback is not None or return_trace:
                 left = (new_block == mask_id).sum(dim=1)
-                record = StepTrace(block, step, nfe, rows, masks_left - left, left, was_full)
+                seen = slice(None) if live is None else live  # finished rows took no forward
+                record = StepTrace(block, step, nfe, rows[seen], (masks_left - left)[seen], left[seen], was_full,
+                                   forwards, branches, new_block[seen].clone() if return_trace else None)
                 if callback is not None:
                     callback(record)
                 if return_trace:
                     trace.append(record)
+            step += 1
         forward_tokens += forward.forward_tokens
+        if cache_across_blocks and not adapter.block_causal:  # a block-causal cache ends at `end`
+            previous = (forward, rows, start)
         steps_per_block.append(used)
         steps_left -= used
         if eos_early_stop:
@@ -300,7 +578,63 @@ def generate(
     seconds = time.perf_counter() - started
     return GenerateOutput(
         sequences=x, nfe=nfe, tpf=gen_length / max(nfe, 1), seconds=seconds,
-        forward_tokens=forward_tokens, steps_per_block=steps_per_block, trace=trace)
+        forward_tokens=forward_tokens, steps_per_block=steps_per_block, trace=trace, branch_forwards=branch_forwards)
+
+
+def _reusable_logits(result, new_block: torch.Tensor, lookahead) -> torch.Tensor | None:
+    """The logits a sampler returned for its new block (`StepResult.next_logits`, `[R, Lb, V]`),
+    when the next step may use them instead of a forward pass: only logits from this step's own
+    `ctx.forward` calls, and only if the driver kept the block exactly as the sampler returned it."""
+    nxt = getattr(result, "next_logits", None)
+    if nxt is None:
+        return None
+    if lookahead is None or lookahead.calls == 0:
+        raise RuntimeError("StepResult.next_logits must come from this step's ctx.forward call; "
+                           "return next_logits=None otherwise")
+    if nxt.shape[:2] != new_block.shape:
+        raise RuntimeError(f"StepResult.next_logits has shape {tuple(nxt.shape)}, expected "
+                           f"{tuple(new_block.shape)} + (vocab,)")
+    return nxt if torch.equal(new_block, result.x) else None
+
+
+def check_prompt_ids(adapter: DLMAdapter, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+    """Refuse prompts the model would silently get wrong; returns the attention mask to use.
+
+    - ids outside the vocabulary (the embedding lookup would fail deep inside the model);
+    - the mask id inside a real prompt token (the model would treat it as a blank to fill);
+    - a model whose config names a prompt separator (`position_restart_token_id`, the tiny model's
+      newline) needs every prompt to end with it;
+    - left padding without `attention_mask`: rows starting with the pad id get a mask that hides
+      that leading run (the documented convention); when the pad id is also the EOS or mask id the
+      padding cannot be told apart, so we refuse and ask for `attention_mask`.
+    Shapes: input_ids `[B, P]`, attention_mask `[B, P]` or None.
+    """
+    vocab = adapter.vocab_size
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or (vocab is not None and high >= vocab):
+        bad = low if low < 0 else high
+        raise ValueError(f"input_ids contains token id {bad}, outside the model's vocabulary (0..{(vocab or 0) - 1}); "
+                         "encode the prompt with the model's tokenizer")
+    pad = adapter.pad_token_id
+    if attention_mask is None and pad is not None and bool((input_ids[:, 0] == pad).any()):
+        if pad in (adapter.eos_token_id, adapter.mask_token_id):
+            raise ValueError(f"input_ids rows start with token {pad}, which is the pad id and also the EOS or mask id, "
+                             "so left padding cannot be detected; pass attention_mask (0 on padding, 1 on prompt tokens)")
+        attention_mask = ((input_ids != pad).long().cummax(dim=1).values)
+        if not bool(attention_mask[:, -1].all()):
+            raise ValueError(f"a row of input_ids is all padding (pad id {pad}); give every row a prompt")
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    hit = (input_ids == adapter.mask_token_id) & real
+    if bool(hit.any()):
+        row, col = (int(v) for v in hit.nonzero()[0])
+        raise ValueError(f"the prompt contains the mask token id {adapter.mask_token_id} (row {row}, position {col}); "
+                         "a prompt must not contain masks: remove it, or pass the right mask_token_id")
+    separator = adapter.prompt_separator_id
+    if separator is not None and not bool((input_ids[:, -1] == separator).all()):
+        row = int((input_ids[:, -1] != separator).nonzero()[0])
+        raise ValueError(f"prompt row {row} does not end with the model's prompt separator (token {separator}); "
+                         "encode prompts with tokenizer.encode_prompt(text) or use DLMPipeline")
+    return attention_mask
 
 
 def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, last: bool, mask_id: int) -> torch.Tensor:
@@ -320,9 +654,10 @@ def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, la
     new = torch.where(row_active, new, block_x)
     if not remasks:
         new = torch.where(candidates, new, block_x)
-    # Computed unconditionally (no host sync): a no-op for rows that progressed.
+    # Computed unconditionally (no host sync): a no-op for rows that progressed. A remasking
+    # sampler's stall may sit on a position it just masked again, so any mask of the block counts.
     stalled = row_active.squeeze(1) & ((new == mask_id).sum(dim=1) >= masks_left)
-    still = candidates & (new == mask_id)
+    still = new == mask_id
     score = torch.where(still, result.confidence.double(), torch.full_like(result.confidence, -1.0, dtype=torch.float64))
     best = torch.zeros_like(still).scatter_(1, score.argmax(dim=1, keepdim=True), True) & still
     new = torch.where(best & stalled.unsqueeze(1), result.proposal, new)

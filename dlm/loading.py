@@ -87,7 +87,9 @@ def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.
         model, tokenizer = load_tiny_dlm(device=device, dtype=dtype or torch.float32)
         return _loaded(name_or_path, model, tokenizer, shift_logits)
     from transformers import AutoConfig, AutoTokenizer
-    import dlm.tiny  # noqa: F401  (registers the tiny-dlm config with AutoConfig/AutoModel)
+    from dlm.tiny import register_auto_classes
+
+    register_auto_classes()  # so AutoConfig knows a saved "tiny-dlm" checkpoint
     if not Path(name_or_path).exists() and ("/" not in name_or_path or name_or_path.startswith((".", "/"))):
         raise ValueError(f"unknown model {name_or_path!r}: not a built-in ({', '.join(builtins)}), "
                          "not an existing directory, and not a hub id of the form owner/name")
@@ -101,8 +103,11 @@ def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.
         return _loaded(name_or_path, model, tokenizer, shift_logits)
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     _refuse_if_not_masked_diffusion(name_or_path, config, tokenizer)
-    model = _model_class(config).from_pretrained(
-        name_or_path, trust_remote_code=trust_remote_code, dtype=dtype or "auto")
+    from dlm._progress import loading_bars
+
+    with loading_bars():  # weight-loading bars only on a terminal
+        model = _model_class(config).from_pretrained(
+            name_or_path, trust_remote_code=trust_remote_code, dtype=dtype or "auto")
     model.to(device).eval()
     return _loaded(name_or_path, model, tokenizer, shift_logits)
 

@@ -34,9 +34,10 @@ class DLMPipelineOutput:
 class DLMPipeline:
     """Prompt in, text out: tokenisation, left padding, decoding, detokenisation.
 
-    Prompts are formatted the way the model was trained: the tokenizer's chat template when it
-    has one (`use_chat_template=None` means "if available"), the task format of the built-in
-    tiny model, or the raw text.
+    Prompts are formatted the way the model was trained, by the tokenizer: its chat template when
+    it has one (`use_chat_template=None` means "if available"), else its own `format_prompt` (the
+    built-in tiny model's "text + newline" convention), else the raw text. The CLI and the
+    benchmark use the same formatting, so a prompt gives the same answer everywhere.
     """
 
     def __init__(self, model, tokenizer, *, mask_token_id: int | None = None, eos_token_id: int | None = None,
@@ -72,10 +73,8 @@ class DLMPipeline:
         if has_template and use_chat_template is not False:
             return self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-        if getattr(getattr(self.model, "config", None), "model_type", "") == "tiny-dlm":
-            from dlm.tasks import format_prompt
-            return format_prompt(prompt)
-        return prompt
+        own_format = getattr(self.tokenizer, "format_prompt", None)
+        return own_format(prompt) if callable(own_format) else prompt
 
     def encode(self, prompts: list[str], use_chat_template: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded `[B, P]` ids and attention mask."""
@@ -101,12 +100,13 @@ class DLMPipeline:
 
     def __call__(self, prompt: str | list[str], num_inference_steps: int | None = None, *, gen_length: int = 64,
                  block_length: int | None = None, sampler="confidence", temperature: float = 0.0,
-                 generator: torch.Generator | None = None, kv_cache: str = "none", eos_early_stop: bool = True,
+                 generator: torch.Generator | None = None, kv_cache: str = "none", eos_early_stop: bool | None = None,
                  use_chat_template: bool | None = None, progress: bool = False, **generate_kwargs: Any) -> DLMPipelineOutput:
         """Generate a response for each prompt.
 
         `num_inference_steps` is the forward-pass budget (default: `gen_length`, one token per
-        step); the other arguments are those of `dlm.generate`.
+        step); the other arguments are those of `dlm.generate` (same defaults: `eos_early_stop`
+        is on when the model's EOS id is known).
         """
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts:
@@ -116,6 +116,6 @@ class DLMPipeline:
             self.model, input_ids, attention_mask=attention, gen_length=gen_length, block_length=block_length,
             steps=num_inference_steps, sampler=sampler, temperature=temperature, generator=generator,
             mask_token_id=self.mask_token_id, eos_token_id=self.eos_token_id, kv_cache=kv_cache,
-            eos_early_stop=eos_early_stop and self.eos_token_id is not None, shift_logits=self.shift_logits,
+            eos_early_stop=eos_early_stop, shift_logits=self.shift_logits,
             progress=progress, **generate_kwargs)
         return DLMPipelineOutput(self.decode(out.sequences, input_ids.shape[1]), out.sequences, out.nfe, out.tpf, out.seconds)

@@ -1,8 +1,12 @@
 """The step-policy contract for masked diffusion language models.
 
 A sampler decides, at one decoding step, which masked positions of the current block to commit
-(and, for samplers that backtrack, which committed ones to mask again). It never calls the model:
-the driver (`dlm.generate`) runs the forward pass and hands the logits over.
+(and, for samplers that backtrack, which committed ones to mask again). It never calls the model
+itself: the driver (`dlm.generate`) runs the forward pass and hands the logits over. A sampler that
+searches over candidate blocks (`looks_ahead = True`, e.g. LoPA) gets `ctx.forward`, a callable the
+driver owns: it scores k candidate blocks per row in one batched call on the block's KV cache,
+counts it against the step budget, and may hand its logits back for the next step
+(`StepResult.next_logits`) so no pass is spent twice.
 
 Shapes: B batch rows, L = prompt + generation length, V vocabulary.
 """
@@ -11,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -68,6 +72,13 @@ class StepContext:
         hidden: `[B, Lb, H]` float, the model's last hidden states at the block's positions from
             this step's forward, aligned like the logits; only for a sampler whose
             `needs_hidden_states` is True (None otherwise, or when the model gives none).
+        forward: for samplers with `looks_ahead`, a callable `candidates [B, k, Lb] long ->
+            logits [B, k, Lb, V]` (aligned with `x`, float, the mask token at -inf): one batched
+            model call over the k candidate blocks of every row, reusing the block's KV cache.
+            Each call costs one forward pass of the step budget (and k branch forwards per row).
+            None when the block has no pass left after this step's (the sampler must then take
+            its plain path) and for samplers that do not look ahead.
+        forwards_left: how many times `forward` may still be called in this step (0 when None).
     """
 
     x: torch.Tensor
@@ -83,6 +94,8 @@ class StepContext:
     state: dict = field(default_factory=dict)
     rows: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None
+    forwards_left: int = 0
 
 
 @dataclass
@@ -94,11 +107,15 @@ class StepResult:
             the mask id).
         proposal: `[B, Lb]` long, the token the sampler would put at each position (x0).
         confidence: `[B, Lb]` float, the probability of `proposal` under the step's distribution.
+        next_logits: optional `[B, Lb, V]`, logits that this step's `ctx.forward` call computed for
+            exactly the returned `x`. The driver then skips the next step's forward pass and hands
+            these over instead (if it had to change `x`, e.g. to force progress, it discards them).
     """
 
     x: torch.Tensor
     proposal: torch.Tensor
     confidence: torch.Tensor
+    next_logits: torch.Tensor | None = None
 
 
 class Sampler:
@@ -113,6 +130,9 @@ class Sampler:
         needs_hidden_states: True if the driver must fill `StepContext.hidden` (it then runs every
             forward as a full one with `output_hidden_states=True`); may be set per instance
             by `prepare`.
+        looks_ahead: True if the sampler evaluates candidate blocks through `ctx.forward`.
+        ensemble: True if the "sampler" combines whole generations (HEX) instead of deciding
+            steps; `dlm.generate` hands such a name to `dlm.ensemble`.
     """
 
     name: ClassVar[str] = ""
@@ -120,8 +140,14 @@ class Sampler:
     remasks: ClassVar[bool] = False
     adaptive: ClassVar[bool] = False
     needs_hidden_states: bool = False
+    looks_ahead: ClassVar[bool] = False
+    ensemble: ClassVar[bool] = False
 
     def __init__(self, config: SamplerConfig | None = None, **overrides: Any):
+        known = {f.name for f in dataclasses.fields(self.Config)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"sampler '{self.name}' has no option(s) {unknown}; valid options are {sorted(known)}")
         if config is None:
             config = self.Config(**overrides)
         elif overrides:

@@ -1,6 +1,7 @@
 """Name -> sampler class registry for the dLLM step policies."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from samplers.base import Sampler
@@ -22,12 +23,55 @@ def available_samplers() -> list[str]:
     return sorted(SAMPLERS)
 
 
+def parse_option_value(text: str) -> Any:
+    """Command-line option text -> None, bool, int, float or the string itself."""
+    low = text.lower()
+    if low in ("none", "null"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_sampler_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """`"threshold:tau=0.7:factor=0"` -> `("threshold", {"tau": 0.7, "factor": 0})`."""
+    name, *opts = spec.split(":")
+    options = {}
+    for opt in opts:
+        if "=" not in opt:
+            raise ValueError(f"sampler option {opt!r} in {spec!r} must be key=value (e.g. threshold:tau=0.7)")
+        key, value = opt.split("=", 1)
+        options[key.strip()] = parse_option_value(value.strip())
+    return name.strip(), options
+
+
 def get_sampler(sampler: "str | Sampler", **config: Any) -> Sampler:
-    """A sampler object from a registry name (with config overrides) or an existing object."""
+    """A sampler object from a registry name, a `name:key=value...` spec, or an existing object.
+
+    Unknown option names and values of the wrong type raise ValueError listing the valid options.
+    """
     if isinstance(sampler, Sampler):
         if config:
             raise ValueError("pass config overrides only with a sampler name, not with a sampler object")
         return sampler
+    if isinstance(sampler, str) and ":" in sampler:
+        sampler, spec_options = parse_sampler_spec(sampler)
+        config = {**spec_options, **config}
     if not isinstance(sampler, str) or sampler not in SAMPLERS:
         raise ValueError(f"unknown sampler {sampler!r}; valid samplers: {', '.join(available_samplers())}")
-    return SAMPLERS[sampler](**config)
+    cls = SAMPLERS[sampler]
+    valid = sorted(f.name for f in dataclasses.fields(cls.Config))
+    unknown = sorted(set(config) - set(valid))
+    if unknown:
+        raise ValueError(f"sampler {sampler!r} has no option {', '.join(unknown)}; "
+                         f"valid options: {', '.join(valid) or '(none)'}")
+    try:
+        return cls(**config)
+    except TypeError as err:  # e.g. a string where a number is needed, caught by validate()'s comparisons
+        raise ValueError(f"bad value in sampler {sampler!r} options {config}: {err}; "
+                         f"valid options: {', '.join(valid)}") from None

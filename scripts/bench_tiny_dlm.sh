@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduce the tiny-dlm tables and figures of docs/benchmarks.md (CPU, one thread, ~30 min).
+# Reproduce the tiny-dlm tables and figures of docs/benchmarks.md (CPU, one thread, ~45 min).
 #
 #   bash scripts/bench_tiny_dlm.sh [OUT_DIR]        # default runs/docs
 #
@@ -18,6 +18,18 @@ for suite in list_edits arithmetic; do
     dlm bench --suite "$suite" \
         --samplers confidence,confidence:kv=prefix,confidence:kv=dual,threshold,threshold:kv=dual,diffusers-llada2,diffusers-llada2-thr \
         --steps 2,4,8,16,32,64 --limit 16 --threads 1 --out "$out/$suite" --json > "$out/$suite.json"
+done
+
+# Remasking and dInfer samplers (section "Remasking and dInfer samplers"), one run per suite.
+for suite in arithmetic puzzles list_edits; do
+    extra=""; [ "$suite" != list_edits ] && extra=",saber:measure=token"
+    dlm bench --suite "$suite" \
+        --samplers "confidence,threshold,saber,saber:backtrack=always,saber:backtrack=off$extra,credit,hierarchical" \
+        --steps 16,64 --limit 16 --threads 1 --out "$out/remask-$suite" --json > "$out/remask-$suite.json"
+done
+for suite in puzzles arithmetic; do
+    dlm bench --suite "$suite" --samplers confidence,saber,saber:n=4,saber:min_drop=0.05,saber:n=4:min_drop=0.05 \
+        --steps 64 --limit 16 --threads 1 --no-plots --out "$out/remask-variants-$suite" --json > "$out/remask-variants-$suite.json"
 done
 
 python scripts/eval_tiny_dlm.py --n 50 --json "$out/eval_tiny_dlm.json"

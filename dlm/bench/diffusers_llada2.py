@@ -41,6 +41,10 @@ import torch
 # threshold > 1 turns the confidence threshold off, so every step commits exactly the schedule's
 # `block_length / num_inference_steps` most confident tokens (LLaDA's low-confidence remasking);
 # the "-thr" variant keeps the pipeline's own defaults (threshold 0.7, editing 0.5, 16 post steps).
+BASELINE_DESCRIPTIONS = {
+    "diffusers-llada2": "diffusers' LLaDA2Pipeline, its default fixed schedule (dlm bench only; needs diffusers)",
+    "diffusers-llada2-thr": "diffusers' LLaDA2Pipeline with threshold 0.7 and token editing (dlm bench only)",
+}
 BASELINES: dict[str, dict] = {
     "diffusers-llada2": {"threshold": 1.01, "editing_threshold": None, "max_post_steps": 0},
     "diffusers-llada2-thr": {"threshold": 0.7, "editing_threshold": 0.5, "max_post_steps": 16},

@@ -9,7 +9,10 @@ Definitions (also in docs/benchmarks.md):
 - nfe: forward passes per sequence, averaged over prompts: the number of model calls whose batch
   contained that prompt's row (our engine drops rows that finished at an EOS; diffusers' pipeline
   keeps every row in every call). `nfe_per_call`: forward passes per batched call, averaged over
-  the batches (a batched forward counts once).
+  the batches (a batched forward counts once). A lookahead sampler's batched call over k candidate
+  blocks per row (LoPA) counts as one forward pass here.
+- branch_forwards: forward passes per sequence counted per evaluated branch (a lookahead call over k
+  candidates adds k), averaged over prompts; equal to `nfe` for samplers that do not look ahead.
 - tpf: tokens per forward, `prompts * gen_length / sum of per-sequence NFE`.
 - seconds: wall time of all batches of the pair; a warm-up call per engine runs first and is excluded.
   tokens_per_s: `prompts * gen_length / seconds`.
@@ -42,7 +45,8 @@ KV_MODES = ("none", "prefix", "dual")
 class SamplerSpec:
     """One entry of `--samplers`: `name[:key=value[:key=value...]]`.
 
-    `kv=none|prefix|dual` picks the KV cache for this entry (else the run's `--kv-cache`); other
+    `kv=none|prefix|dual` picks the KV cache for this entry (else the run's `--kv-cache`);
+    `xblock=1` (with a cache) extends the cache from block to block (`generate(cache_across_blocks=True)`); other
     keys override the sampler's config (`threshold:tau=0.7`) or, for the diffusers baselines, the
     pipeline's keywords (`diffusers-llada2:threshold=0.9`). `label` is the entry as written.
     """
@@ -51,6 +55,7 @@ class SamplerSpec:
     name: str
     options: tuple = ()
     kv_cache: str | None = None
+    cache_across_blocks: bool = False
 
     @property
     def is_diffusers(self) -> bool:
@@ -61,23 +66,10 @@ class SamplerSpec:
         return dict(self.options)
 
 
-def _parse_value(text: str):
-    low = text.lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
     """Parse `a,b:key=v,c` into specs; ValueError names an unknown sampler or a malformed option."""
     from samplers import available_samplers
+    from samplers.registry import parse_option_value
 
     entries = text if isinstance(text, list) else [t for t in text.split(",")]
     entries = [e.strip() for e in entries if e.strip()]
@@ -89,7 +81,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         name, *opts = entry.split(":")
         if name not in known:
             raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(known)}")
-        options, kv = [], None
+        options, kv, xblock = [], None, False
         for opt in opts:
             if "=" not in opt:
                 raise ValueError(f"sampler option {opt!r} in {entry!r} must be key=value")
@@ -98,12 +90,18 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                 if value not in KV_MODES:
                     raise ValueError(f"kv={value!r} in {entry!r}: must be one of {', '.join(KV_MODES)}")
                 kv = value
+            elif key == "xblock":
+                if value not in ("0", "1"):
+                    raise ValueError(f"xblock={value!r} in {entry!r}: must be 0 or 1")
+                xblock = value == "1"
             else:
-                options.append((key, _parse_value(value)))
+                options.append((key, parse_option_value(value)))
         if entry in seen:
             raise ValueError(f"sampler {entry!r} is listed twice")
         seen.add(entry)
-        spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv)
+        spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv, cache_across_blocks=xblock)
+        if xblock and (spec.is_diffusers or kv in (None, "none")):
+            raise ValueError(f"{entry!r}: xblock=1 extends a KV cache; add kv=prefix or kv=dual")
         if spec.is_diffusers and kv not in (None, "none"):
             raise ValueError(f"{entry!r}: diffusers' LLaDA2Pipeline has no KV cache (drop kv=)")
         if not spec.is_diffusers:
@@ -331,6 +329,7 @@ class PairResult:
     forward_tokens: int
     peak_mem_mb: float | None
     mem_method: str
+    branch_forwards: float | None = None
     extra: dict = field(default_factory=dict)
     samples: list = field(default_factory=list)
 
@@ -373,8 +372,11 @@ class _Runner:
             self._pipe = build_pipeline(self.model, self.tokenizer)
         return self._pipe
 
-    def run(self, spec: SamplerSpec, budget: int, input_ids, attention_mask, generator) -> tuple[torch.Tensor, list[int], int, int, float]:
-        """Returns generated ids `[B, gen_length]`, per-row NFE, batch NFE, forward tokens, seconds."""
+    def run(self, spec: SamplerSpec, budget: int, input_ids, attention_mask, generator, extract=None) -> tuple:
+        """Returns generated ids `[B, gen_length]`, per-row NFE, batch NFE, forward tokens, seconds,
+        per-row branch forwards, and for an ensemble (hex) its `HexExperts` (else None).
+
+        `extract(row, generated ids) -> answer` is the ensemble's answer extractor (hex votes on it)."""
         cfg = self.cfg
         if spec.is_diffusers:
             pipe, wrapper = self.pipe()
@@ -384,22 +386,48 @@ class _Runner:
             out = run_llada2(pipe, wrapper, input_ids, attention_mask, gen_length=cfg.gen_length,
                              block_length=cfg.block_length, steps=budget, temperature=cfg.temperature,
                              generator=generator, options=opts, mask_token_id=self.mask_id, eos_token_id=self.eos_id)
-            return out.sequences, [out.nfe] * input_ids.shape[0], out.nfe, out.forward_tokens, out.seconds
+            per_row = [out.nfe] * input_ids.shape[0]
+            return out.sequences, per_row, out.nfe, out.forward_tokens, out.seconds, per_row, None
         import dlm
+        from samplers import get_sampler
 
         per_row = torch.zeros(input_ids.shape[0], dtype=torch.long)
+        per_row_branches = torch.zeros(input_ids.shape[0], dtype=torch.long)
 
         def count(trace):
-            per_row[trace.rows.cpu()] += 1
+            rows = trace.rows.cpu()
+            per_row[rows] += trace.forwards
+            per_row_branches[rows] += trace.branch_forwards
 
-        out = dlm.generate(
-            self.model, input_ids, gen_length=cfg.gen_length, block_length=cfg.block_length, steps=budget,
-            sampler=spec.name, sampler_config=spec.option_dict or None, temperature=cfg.temperature,
-            mask_token_id=self.mask_id, eos_token_id=self.eos_id, attention_mask=attention_mask,
-            generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache, eos_early_stop=cfg.eos_early_stop,
-            callback=count)
+        kw = dict(temperature=cfg.temperature, mask_token_id=self.mask_id, eos_token_id=self.eos_id,
+                  attention_mask=attention_mask, generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache,
+                  eos_early_stop=cfg.eos_early_stop, callback=count)
+        policy = get_sampler(spec.name, **spec.option_dict)
+        if policy.ensemble:
+            from dlm.ensemble import hex_generate
+            out = hex_generate(self.model, input_ids, gen_length=cfg.gen_length, steps=budget, config=policy.config,
+                               extract=extract, **kw)
+        else:
+            out = dlm.generate(self.model, input_ids, gen_length=cfg.gen_length, block_length=cfg.block_length,
+                               steps=budget, sampler=policy, cache_across_blocks=spec.cache_across_blocks, **kw)
         gen = out.sequences[:, input_ids.shape[1]:]
-        return gen, per_row.tolist(), out.nfe, out.forward_tokens, out.seconds
+        return gen, per_row.tolist(), out.nfe, out.forward_tokens, out.seconds, per_row_branches.tolist(), out.experts
+
+
+def _score_experts(experts, chunk, prompt_length, tokenizer, eos_id, task_of, into: dict) -> None:
+    """Add each HEX expert's task scores on this batch to `into[block_length]` (a list)."""
+    for e, block in enumerate(experts.block_lengths):
+        for ex, row in zip(chunk, experts.sequences[e, :, prompt_length:].tolist()):
+            text = tokenizer.decode(_cut_at_eos(row, eos_id), skip_special_tokens=True)
+            into.setdefault(block, []).append(float(task_of[ex.task].score(ex, text)))
+
+
+def _expert_summary(scores: dict, n: int) -> dict:
+    """`extra` of a HEX pair: each expert's quality (as if run alone, same passes) and the best."""
+    if not scores:
+        return {}
+    quality = {str(b): 100.0 * sum(v) / len(v) for b, v in sorted(scores.items())}
+    return {"expert_quality": quality, "best_expert_quality": max(quality.values())}
 
 
 def _engine_key(spec: SamplerSpec, cfg: BenchConfig) -> str:
@@ -445,11 +473,18 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
         for budget in budgets:
             bar.set_postfix_str(f"{spec.label} steps={budget}")
             generator = torch.Generator().manual_seed(cfg.seed)
-            scores, by_task, per_seq_nfe, call_nfe = [], {}, [], []
-            seconds, forward_tokens, samples = 0.0, 0, []
+            scores, by_task, per_seq_nfe, call_nfe, per_seq_branches = [], {}, [], [], []
+            seconds, forward_tokens, samples, expert_scores = 0.0, 0, [], {}
             with PeakMemory(device) as mem:
                 for chunk, ids, mask in batches:
-                    gen, row_nfe, nfe, ftok, sec = runner.run(spec, budget, ids, mask, generator)
+                    def extract(row, generated, chunk=chunk):
+                        text = tokenizer.decode(_cut_at_eos(generated.tolist(), runner.eos_id), skip_special_tokens=True)
+                        return task_of[chunk[row].task].extract(text)
+
+                    gen, row_nfe, nfe, ftok, sec, row_branches, experts = runner.run(spec, budget, ids, mask, generator, extract)
+                    per_seq_branches.extend(row_branches)
+                    if experts is not None:
+                        _score_experts(experts, chunk, ids.shape[1], tokenizer, runner.eos_id, task_of, expert_scores)
                     seconds += sec
                     forward_tokens += ftok
                     call_nfe.append(nfe)
@@ -472,7 +507,8 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
                 nfe=total_nfe / n, nfe_per_call=sum(call_nfe) / len(call_nfe),
                 tpf=n * cfg.gen_length / max(total_nfe, 1), tokens_per_s=n * cfg.gen_length / max(seconds, 1e-9),
                 seconds=seconds, forward_tokens=forward_tokens, peak_mem_mb=mem.peak_mb, mem_method=mem.method,
-                samples=samples))
+                branch_forwards=sum(per_seq_branches) / n, samples=samples,
+                extra=_expert_summary(expert_scores, n)))
     bar.close()
     if not pairs:
         raise ValueError("the benchmark produced no results")
@@ -550,7 +586,7 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
                 quality_by_task={suite.name: quality}, nfe=float(out.nfe), nfe_per_call=float(out.nfe),
                 tpf=gen / max(out.nfe, 1), tokens_per_s=n * gen / max(out.seconds, 1e-9), seconds=out.seconds,
                 forward_tokens=out.forward_tokens, peak_mem_mb=mem.peak_mb, mem_method=mem.method,
-                extra={k: _finite(v) for k, v in metrics.items()}))
+                branch_forwards=float(out.branch_forwards), extra={k: _finite(v) for k, v in metrics.items()}))
             bar.update(1)
     bar.close()
     meta = {"suite_tasks": [suite.name], "prompts": n, "batches": 1, "oracle": True, "quality_metric": headline,

@@ -8,7 +8,7 @@ from pathlib import Path
 from dlm.bench.harness import BenchResult
 
 COLUMNS = (("sampler", "sampler", "{}"), ("budget", "steps", "{}"), ("quality", "quality%", "{:.1f}"),
-           ("nfe", "NFE/seq", "{:.1f}"), ("nfe_per_call", "NFE/call", "{:.1f}"), ("tpf", "TPF", "{:.2f}"),
+           ("nfe", "NFE/seq", "{:.1f}"), ("branch_forwards", "branchF/seq", "{:.1f}"), ("nfe_per_call", "NFE/call", "{:.1f}"), ("tpf", "TPF", "{:.2f}"),
            ("tokens_per_s", "tok/s", "{:.0f}"), ("seconds", "seconds", "{:.2f}"), ("peak_mem_mb", "peakMB", "{:.0f}"))
 
 
@@ -37,6 +37,11 @@ def format_table(result: BenchResult) -> str:
     if len(tasks) > 1:
         trows = [[f"{p.sampler}@{p.budget}"] + [_fmt("{:.0f}", p.quality_by_task.get(t)) for t in tasks] for p in pairs]
         text += "\n\nquality% by task\n" + _grid(["sampler@steps"] + list(tasks), trows)
+    experts = [p for p in pairs if (p.extra or {}).get("expert_quality")]
+    if experts:  # HEX: each expert's quality beside the vote's
+        trows = [[f"{p.sampler}@{p.budget}", f"{p.quality:.1f}", f"{p.extra['best_expert_quality']:.1f}",
+                  " ".join(f"b{b}:{q:.0f}" for b, q in p.extra["expert_quality"].items())] for p in experts]
+        text += "\n\nensemble vs its experts (quality%)\n" + _grid(["sampler@steps", "vote", "best expert", "experts"], trows)
     targets = result.meta.get("targets") or {}
     if targets:
         trows = [[name, f"{t['reference_quality']:.1f}@{t['reference_budget']}", str(t["min_budget"]),
@@ -90,7 +95,7 @@ def write_csv(result: BenchResult, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tasks = result.meta.get("suite_tasks", [])
-    base = ["sampler", "budget", "engine", "kv_cache", "n", "quality", "nfe", "nfe_per_call", "tpf",
+    base = ["sampler", "budget", "engine", "kv_cache", "n", "quality", "nfe", "branch_forwards", "nfe_per_call", "tpf",
             "tokens_per_s", "seconds", "forward_tokens", "peak_mem_mb", "mem_method"]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
@@ -128,15 +133,25 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
     paths = []
     for key, xlabel, fname, base in (("nfe", "forward passes per sequence (NFE, log2)", "quality_vs_nfe.png", 2),
                                      ("seconds", "wall time for all prompts, s (log)", "quality_vs_seconds.png", 10)):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        # Wide enough for a legend beside the axes, so it never covers a curve or a label.
+        fig, ax = plt.subplots(figsize=(9.5, 4.8))
         for i, (name, ps) in enumerate(lines.items()):
             style = "--" if ps[0].engine == "diffusers" else "-"
             # distinct markers and shrinking sizes keep coinciding lines visible
             ax.plot([getattr(p, key) for p in ps], [p.quality for p in ps], style, marker=MARKERS[i % len(MARKERS)],
                     markersize=max(3, 9 - i), linewidth=max(0.8, 2.2 - 0.2 * i), label=name)
             if key == "nfe":
+                # Budget labels: each line's labels sit at its own offset (alternating above and
+                # below, in its colour), so labels of lines that share a point do not pile up.
+                colour = ax.get_lines()[-1].get_color()
+                dy = (4 + 7 * (i // 2)) * (1 if i % 2 == 0 else -1) - (0 if i % 2 == 0 else 6)
+                # Budgets an adaptive sampler ends at the same point share one label ("16,32").
+                at_point: dict = {}
                 for p in ps:
-                    ax.annotate(str(p.budget), (p.nfe, p.quality), textcoords="offset points", xytext=(3, 3), fontsize=7, alpha=0.6)
+                    at_point.setdefault((p.nfe, p.quality), []).append(str(p.budget))
+                for (x, y), budgets in at_point.items():
+                    ax.annotate(",".join(budgets), (x, y), textcoords="offset points", xytext=(4, dy),
+                                fontsize=7, color=colour, alpha=0.8)
         ax.set_xscale("log", base=base)
         if base == 10:
             ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
@@ -147,7 +162,8 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
         ax.set_ylim(-2, 102)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_title(f"quality vs {'NFE' if key == 'nfe' else 'wall time'}\n{subtitle}", fontsize=9)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                  title="sampler (budget labels: steps)" if key == "nfe" else "sampler", title_fontsize=8)
         fig.tight_layout()
         path = out_dir / fname
         fig.savefig(path, dpi=110)
@@ -170,9 +186,11 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
             ax.grid(True, alpha=0.3)
         for ax in list(axes.flat)[len(tasks):]:
             ax.axis("off")
-        axes.flat[0].legend(fontsize=7)
+        handles, labels = axes.flat[0].get_legend_handles_labels()
         fig.suptitle(f"quality vs tokens per forward, by task\n{subtitle}", fontsize=9)
-        fig.tight_layout()
+        # One legend for all panels, below them, instead of one covering the first panel.
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=7, frameon=False)
+        fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(labels) - 1) // 4), 1, 1))
         path = out_dir / "quality_vs_tpf_by_task.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)

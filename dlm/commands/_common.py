@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
-
-import torch
+import math
+import os
+from pathlib import Path
 
 
 def positive_int(text: str) -> int:
@@ -16,6 +17,49 @@ def positive_int(text: str) -> int:
     return value
 
 
+def temperature_value(text: str) -> float:
+    """--temperature: a finite number >= 0 (nan and inf would silently emit empty text or masks)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 (0 is greedy), got {text!r}")
+    return value
+
+
+def device_value(text: str) -> str:
+    """--device: a torch device this torch build can use (checked before any model loads)."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            f"device {text!r}: this torch ({torch.__version__}) sees no CUDA device; use --device cpu, "
+            "or install a CUDA build of torch on a machine with a GPU")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"device {text!r}: only {torch.cuda.device_count()} CUDA device(s) present")
+    return text
+
+
+def check_output_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """Fail before any work if `path` cannot become a writable directory (not under a file)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path}: exists and is not a directory; choose a folder path")
+    ancestor = path
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(f"{flag} {path}: {ancestor} is a file, so no folder can be made under it; choose another path")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: no permission to write in {ancestor}; choose another path")
+    return path
+
+
 def quiet_transformers() -> None:
     """Keep stderr for our own progress and errors: no weight-loading bars from transformers."""
     from transformers.utils import logging
@@ -24,7 +68,9 @@ def quiet_transformers() -> None:
     logging.set_verbosity_error()
 
 
-def seeded_generator(seed: int) -> torch.Generator:
+def seeded_generator(seed: int):
+    import torch
+
     return torch.Generator().manual_seed(seed)
 
 
@@ -33,6 +79,7 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-dlm", help="built-in name (see `dlm models`) or checkpoint path (default: tiny-dlm)")
     parser.add_argument("--gen-length", type=positive_int, default=64, help="tokens to generate (default: 64)")
     parser.add_argument("--block-length", type=positive_int, default=None, help="semi-autoregressive block size (default: gen-length)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    parser.add_argument("--temperature", type=temperature_value, default=0.0, help="0 is greedy (default: 0)")
     parser.add_argument("--kv-cache", choices=("none", "prefix", "dual"), default="none", help="Fast-dLLM KV cache (default: none)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument("--device", type=device_value, default="cpu", help="torch device (default: cpu)")

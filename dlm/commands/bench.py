@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from dlm.commands._common import positive_int
+from dlm.commands._common import check_output_dir, device_value, positive_int, temperature_value
 
 
 def _limit(text: str) -> int:
@@ -41,15 +41,16 @@ def register(subparsers) -> None:
                    help="KV cache for entries without kv= (default: none)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per batched call (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling (default: 0)")
-    p.add_argument("--temperature", type=float, default=None,
+    p.add_argument("--temperature", type=temperature_value, default=None,
                    help="sampling temperature (default: 0 for task suites, 1 for oracle suites)")
     p.add_argument("--extractor", default=None,
                    help="answer extractor for jsonl: suites (boxed, hash, last-number, exact, first-line, contains)")
     p.add_argument("--no-eos-stop", action="store_true",
                    help="decode every block even after a row has emitted EOS (default: stop such rows, in both engines)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--device", type=device_value, default="cpu", help="torch device (default: cpu)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print the JSON summary on stdout (the table goes to stderr)")
     p.set_defaults(func=run)
 
@@ -61,17 +62,17 @@ def run(args) -> int:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    # Fail on spelling mistakes before any model loads.
+    # Fail on spelling mistakes and unusable output paths before any model loads.
     specs = parse_sampler_specs(args.samplers)
     steps = parse_steps(args.steps)
+    stem = Path(args.suite).stem if args.suite.startswith("jsonl:") else args.suite
+    safe_suite = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "suite"
+    out_dir = check_output_dir(Path(args.out) if args.out else Path("runs") / f"bench-{safe_suite}")
     cfg = BenchConfig(model=args.model, suite=args.suite, samplers=[s.label for s in specs], steps=steps,
                       limit=args.limit, gen_length=args.gen_length, block_length=args.block_length,
                       kv_cache=args.kv_cache, batch_size=args.batch_size, seed=args.seed, temperature=args.temperature,
                       eos_early_stop=not args.no_eos_stop, extractor=args.extractor, device=args.device)
-    result = run_bench(cfg, progress=True)
-    stem = Path(args.suite).stem if args.suite.startswith("jsonl:") else args.suite
-    safe_suite = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "suite"
-    out_dir = Path(args.out) if args.out else Path("runs") / f"bench-{safe_suite}"
+    result = run_bench(cfg, progress=sys.stderr.isatty() or args.progress)
     files = {"json": str(write_json(result, out_dir / "results.json")), "csv": str(write_csv(result, out_dir / "results.csv"))}
     if not args.no_plots:
         for path in plot_results(result, out_dir):
@@ -81,7 +82,7 @@ def run(args) -> int:
         print(table, file=sys.stderr)
         summary = {"suite": args.suite, "model": result.config["model"], "out": str(out_dir), "files": files,
                    "pairs": [{k: getattr(p, k) for k in ("sampler", "budget", "engine", "kv_cache", "n", "quality",
-                                                         "nfe", "nfe_per_call", "tpf", "tokens_per_s", "seconds",
+                                                         "nfe", "branch_forwards", "nfe_per_call", "tpf", "tokens_per_s", "seconds",
                                                          "peak_mem_mb", "quality_by_task")} for p in result.pairs],
                    "targets": result.meta.get("targets", {}), "vs_diffusers": result.meta.get("vs_diffusers", {})}
         print(json.dumps(summary))

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from dlm.commands._common import positive_int
+from dlm.commands._common import check_output_dir, positive_int
 
 # diffusers' own schedulers, selectable next to the project's registry (samplers.solvers.SOLVERS)
 DIFFUSERS_SOLVERS = {
@@ -94,7 +94,7 @@ def run(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from dlm.image.digits_model import image_grid, load_digits_pipeline, to_pil
+    from dlm.image.digits_model import labeled_grid, load_digits_pipeline, to_pil
 
     digits = parse_digit_list(args.digits)
     n = args.num_samples or len(digits)
@@ -103,6 +103,7 @@ def run(args) -> int:
         raise ValueError("--budget needs --search random|zero-order|paths")
     if not 0.0 <= args.guidance <= 50.0:
         raise ValueError(f"--guidance must be in [0, 50], got {args.guidance}")
+    out_dir = check_output_dir(args.out)  # before any work
 
     solver = args.solver or ("ddim" if "ddim" in solver_names() else "diffusers-ddim")
     pipe = load_digits_pipeline()
@@ -116,7 +117,8 @@ def run(args) -> int:
 
     search_info = None
     if args.search is None:
-        bar = tqdm(total=args.steps, desc="dlm image", unit="step", file=sys.stderr, disable=None, leave=False)
+        bar = tqdm(total=args.steps, desc="dlm image", unit="step", file=sys.stderr, disable=not sys.stderr.isatty(),
+                   leave=False)
         out = pipe(digits=labels, num_inference_steps=args.steps, guidance_scale=args.guidance, generator=gen,
                    callback=lambda i, total: bar.update(1))
         bar.close()
@@ -130,8 +132,8 @@ def run(args) -> int:
         if budget < one:
             raise ValueError(f"--budget {budget} is below one full denoising ({one} NFE at --steps {args.steps})")
         results = []
-        for d in tqdm(requested, desc=f"{args.search} search", unit="image", file=sys.stderr, disable=None,
-                      leave=False):
+        for d in tqdm(requested, desc=f"{args.search} search", unit="image", file=sys.stderr,
+                      disable=not sys.stderr.isatty(), leave=False):
             den = pipe.denoiser(d, args.steps, args.guidance)
             results.append(run_search(args.search, den, digits_verifier(d), budget_nfe=budget, generator=gen))
         images = torch.stack([r.best_sample for r in results]).clamp(-1, 1)
@@ -143,7 +145,6 @@ def run(args) -> int:
     from dlm.image.digits_classifier import load_digits_classifier
 
     predicted = load_digits_classifier("cnn").predict(images).tolist()
-    out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     for i, (im, d) in enumerate(zip(to_pil(images, args.scale), requested)):
@@ -151,7 +152,9 @@ def run(args) -> int:
         im.save(path)
         files.append(str(path))
     grid_path = out_dir / "grid.png"
-    image_grid(images, scale=args.scale).save(grid_path)
+    title = f"{solver}, {args.steps} steps, guidance {args.guidance:g}" + (f", {args.search} search" if args.search else "")
+    captions = [f"asked {d} / got {p}" for d, p in zip(requested, predicted)]
+    labeled_grid(images, captions, title, scale=max(args.scale, 12)).save(grid_path)
     summary = {
         "solver": solver, "steps": args.steps, "guidance": args.guidance, "seed": args.seed,
         "digits": requested, "predicted": predicted,

@@ -15,10 +15,13 @@ def run(args) -> int:
         for name in sorted(SAMPLERS):
             doc = (sys.modules[SAMPLERS[name].__module__].__doc__ or "").strip()
             print(f"{name}\t{doc.splitlines()[0] if doc else ''}")
+        from dlm.bench.diffusers_llada2 import BASELINE_DESCRIPTIONS
+        for name, doc in BASELINE_DESCRIPTIONS.items():
+            print(f"{name}\t{doc}")
         return 0
-    from dlm.loading import builtin_models
+    from dlm.tiny import BUILTIN_MODELS  # no torch/transformers import: listing stays instant
     from pathlib import Path
-    for name, path in builtin_models().items():
+    for name, path in BUILTIN_MODELS.items():
         state = "ready" if (Path(path) / "config.json").is_file() else "missing checkpoint"
         print(f"{name}\t{state}\t{path}")
     return 0

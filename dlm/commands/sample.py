@@ -5,7 +5,7 @@ import json
 import sys
 
 from dlm.commands._common import add_decoding_arguments, positive_int, quiet_transformers, seeded_generator
-from dlm.schedule import validate_lengths
+from dlm._progress import show_progress
 
 DEFAULT_PROMPT = "sort: tom fay ivy gus bo wes"
 
@@ -15,30 +15,32 @@ def register(subparsers) -> None:
                               description="Generate a response with a masked diffusion LM. With no arguments, "
                                           f"the built-in tiny model answers {DEFAULT_PROMPT!r}.")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"the prompt (default: {DEFAULT_PROMPT!r})")
-    p.add_argument("--sampler", default="confidence", help="step policy (default: confidence); `dlm models --samplers` lists them")
+    p.add_argument("--sampler", default="confidence",
+                   help="step policy, name[:key=value...] e.g. threshold:tau=0.8 (default: confidence); "
+                        "`dlm models --samplers` lists them")
     p.add_argument("--steps", type=positive_int, default=None, help="forward-pass budget (default: gen-length, one token per step)")
     add_decoding_arguments(p)
     p.add_argument("--json", action="store_true", help="print a JSON object (text, tokens, nfe, tpf, seconds)")
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from samplers import get_sampler
     import dlm
+    from dlm.schedule import validate_lengths
+    from samplers import get_sampler
 
     # Mistakes that need no model are reported before the (slow) load.
-    get_sampler(args.sampler)
+    get_sampler(args.sampler)  # name[:key=value...]; one-line errors before the slow load
     if not args.prompt.strip():
         raise ValueError("--prompt is empty; give some text to respond to")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0 (0 is greedy), got {args.temperature}")
     block_length = args.block_length or args.gen_length
     validate_lengths(args.gen_length, block_length, args.steps or args.gen_length)
     quiet_transformers()
-    pipe = dlm.DLMPipeline.from_pretrained(args.model)
+    pipe = dlm.DLMPipeline.from_pretrained(args.model, device=args.device)
     out = pipe(args.prompt, num_inference_steps=args.steps, gen_length=args.gen_length, block_length=args.block_length,
                sampler=args.sampler, temperature=args.temperature, generator=seeded_generator(args.seed),
-               kv_cache=args.kv_cache, progress=sys.stderr.isatty() or not args.json)
+               kv_cache=args.kv_cache, progress=show_progress(args.progress or None))
     text = out.texts[0]
     if args.json:
         tokens = out.sequences[0, -args.gen_length:].tolist()

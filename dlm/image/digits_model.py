@@ -208,6 +208,30 @@ def image_grid(images: torch.Tensor, ncols: int | None = None, scale: int = 8, p
     return grid
 
 
+def labeled_grid(images: torch.Tensor, captions: list[str], title: str, ncols: int | None = None, scale: int = 12):
+    """A readable grid: each ``[1, 8, 8]`` image upscaled ``scale``x with its caption underneath
+    (e.g. "asked 3 / got 3") and a title line on top (solver, steps, guidance). Returns a PIL image."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    n = images.shape[0]
+    if len(captions) != n:
+        raise ValueError(f"captions has {len(captions)} entries for {n} images")
+    ncols = ncols or min(n, 10)
+    nrows = (n + ncols - 1) // ncols
+    font = ImageFont.load_default()
+    side, pad, cap_h, title_h = 8 * scale, 6, 16, 22
+    width = max(ncols * (side + pad) + pad, 8 * len(title) + 2 * pad)
+    grid = Image.new("L", (width, title_h + nrows * (side + cap_h + pad) + pad), color=255)
+    draw = ImageDraw.Draw(grid)
+    draw.text((pad, 4), title, fill=0, font=font)
+    for i, (im, caption) in enumerate(zip(to_pil(images, scale), captions)):
+        r, c = divmod(i, ncols)
+        x, y = pad + c * (side + pad), title_h + r * (side + cap_h + pad)
+        grid.paste(im, (x, y))
+        draw.text((x + 2, y + side + 2), caption, fill=0, font=font)
+    return grid
+
+
 def load_digits_pipeline(path: str | Path | None = None, device: str | torch.device = "cpu") -> DigitsPipeline:
     """Load the shipped digits pipeline (transformer, label embedder, DDIM scheduler).
 

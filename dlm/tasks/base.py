@@ -22,7 +22,8 @@ SPLITS = ("train", "test")
 
 
 def format_prompt(prompt: str) -> str:
-    return prompt + PROMPT_SUFFIX
+    """`prompt` ending in PROMPT_SUFFIX, added only when missing (as `TinyCharTokenizer.format_prompt`)."""
+    return prompt if prompt.endswith(PROMPT_SUFFIX) else prompt + PROMPT_SUFFIX
 
 
 def split_of(prompt: str) -> str:

@@ -44,7 +44,14 @@ class TinyCharTokenizer:
 
     `encode` never adds special tokens (a masked-diffusion prompt has no BOS); the flag is
     accepted for interface compatibility only. Unknown characters raise `ValueError`.
+
+    Prompt convention: the model was trained on `prompt + "\n"` followed by the response, so a
+    prompt must end with `prompt_suffix`. `format_prompt` adds it unless the text already ends
+    with it (so formatting twice changes nothing) and `encode_prompt` returns the ids the model
+    expects; `DLMPipeline`, the `dlm` CLI and the benchmark all go through them.
     """
+
+    prompt_suffix = "\n"
 
     def __init__(self, characters: str = CHARACTERS, words: Sequence[str] = ()):
         if len(set(characters)) != len(characters):
@@ -91,6 +98,14 @@ class TinyCharTokenizer:
                 continue
             ids.extend(self._encode_chars(match.group(), match.start()))
         return ids
+
+    def format_prompt(self, text: str) -> str:
+        """The model's input text for a user prompt: `text` ending in `prompt_suffix` (idempotent)."""
+        return text if text.endswith(self.prompt_suffix) else text + self.prompt_suffix
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of `format_prompt(text)`: what `dlm.generate` needs as a prompt for the tiny model."""
+        return self.encode(self.format_prompt(text))
 
     def _encode_chars(self, text: str, offset: int) -> list[int]:
         ids = []

@@ -1,7 +1,7 @@
 """Search over initial noises under a verifier, with budgets counted in NFE.
 
 Ma et al. 2025, *Inference-time scaling for diffusion models beyond scaling denoising steps*
-(ALGORITHMS.md 2.4). Three searches share one call shape
+Three searches share one call shape
 ``search(denoiser, verifier, budget_nfe=..., generator=..., ...) -> SearchResult``:
 
 - ``random_search``: best-of-N initial noises.

@@ -157,6 +157,30 @@ def vp_timesteps(
     return np.ascontiguousarray(ts).astype(np.int64)
 
 
+def custom_timesteps(timesteps, num_train_timesteps: int, arg: str = "timesteps") -> np.ndarray:
+    """Validate a user grid (e.g. a fitted schedule, see ``samplers/solvers/schedules.py``): strictly
+    descending integer training timesteps in ``[0, T - 1]``, at least one. Returns ``[N]`` int64."""
+    ts = np.asarray(timesteps.tolist() if isinstance(timesteps, torch.Tensor) else timesteps, dtype=np.float64)
+    if ts.ndim != 1 or ts.size < 1:
+        raise ValueError(f"{arg} must be a non-empty 1-D list of training timesteps, got shape {ts.shape}")
+    if not np.all(ts == np.round(ts)):
+        raise ValueError(f"{arg} must be integers (training timesteps), got {ts.tolist()}")
+    ts = ts.astype(np.int64)
+    if ts.min() < 0 or ts.max() > num_train_timesteps - 1:
+        raise ValueError(f"{arg} must lie in [0, {num_train_timesteps - 1}] (num_train_timesteps - 1), got {ts.tolist()}")
+    if np.any(np.diff(ts) >= 0):
+        raise ValueError(f"{arg} must be strictly descending (noisiest first), got {ts.tolist()}")
+    return ts
+
+
+def check_one_grid_source(num_inference_steps, timesteps, extra_name: str = "", extra=None) -> None:
+    """``set_timesteps`` takes exactly one of a step count or a custom grid (diffusers' rule)."""
+    given = [n for n, v in (("num_inference_steps", num_inference_steps), ("timesteps", timesteps), (extra_name, extra)) if n and v is not None]
+    if len(given) != 1:
+        names = "num_inference_steps or timesteps" + (f" or {extra_name}" if extra_name else "")
+        raise ValueError(f"pass exactly one of {names} to set_timesteps, got {given or 'none'}")
+
+
 def as_index(timestep) -> int:
     """A scalar timestep (python number or 0-d/1-element tensor) as a python int."""
     if isinstance(timestep, torch.Tensor):

@@ -8,9 +8,12 @@ Two forms share the math: :class:`DDIMSolver`, a drop-in diffusers scheduler
 (``pipe.scheduler = DDIMSolver.from_config(pipe.scheduler.config)``), and :func:`sample_ddim`, a plain
 loop over an ``eps_fn(x, t)`` denoiser.
 
-Difference from diffusers' DDIMScheduler, on purpose: the previous timestep is the next point of the
-grid set by ``set_timesteps`` rather than ``t - T // N``. The two agree for ``leading`` spacing and for
-``trailing`` spacing when ``N`` divides ``T``; for ``linspace`` spacing ours steps on its own grid.
+Grid: ``set_timesteps(N)`` reproduces diffusers' ``DDIMScheduler`` exactly, including its step target
+``t - T // N`` (which for ``linspace`` spacing, or ``trailing`` when ``N`` does not divide ``T``, is not
+the next grid point: diffusers' own behaviour, kept so that the scheduler is a drop-in).
+``set_timesteps(timesteps=[...])`` takes a custom descending grid (e.g. a fitted schedule, see
+``samplers/solvers/schedules.py``) and then each step goes to the next grid point, the last one to
+``final_alpha_cumprod``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers.schedules import fitted_or_default, load_schedule
 from samplers.solvers._vp import (
     VPNoiseMixin,
     VP_COMPATIBLES,
@@ -34,6 +38,8 @@ from samplers.solvers._vp import (
     make_alphas_cumprod,
     randn_like_gen,
     to_eps_x0,
+    check_one_grid_source,
+    custom_timesteps,
     vp_timesteps,
 )
 
@@ -79,9 +85,12 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         timestep_spacing: str = "leading",
         rescale_betas_zero_snr: bool = False,
         eta: float = 0.0,
+        fitted_schedule: Optional[str] = None,
     ):
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), type(self).__name__)
         check_off(type(self).__name__, thresholding=thresholding)
+        if fitted_schedule is not None:
+            load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
         if eta < 0:
             raise ValueError(f"eta must be >= 0 (0 = deterministic DDIM, 1 = DDPM variance), got {eta}")
         self.alphas_cumprod = make_alphas_cumprod(
@@ -93,14 +102,24 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self.timesteps = torch.from_numpy(np.arange(num_train_timesteps)[::-1].copy())
         self._prev = {}
 
-    def set_timesteps(self, num_inference_steps: int, device=None):
-        """Fill ``timesteps`` (descending, ``[N]``); DDIM keeps no history, so nothing else to reset."""
-        ts = vp_timesteps(
-            num_inference_steps, self.config.num_train_timesteps, self.config.timestep_spacing, self.config.steps_offset
-        )
-        self.num_inference_steps = int(num_inference_steps)
+    def set_timesteps(self, num_inference_steps: Optional[int] = None, device=None, timesteps=None):
+        """Fill ``timesteps`` (descending, ``[N]``) from ``num_inference_steps`` (diffusers' grid and step
+        targets) or from a custom ``timesteps`` grid (steps go to the next grid point)."""
+        check_one_grid_source(num_inference_steps, timesteps)
+        T = self.config.num_train_timesteps
+        if timesteps is None:
+            timesteps = fitted_or_default(self.config, "ddim", num_inference_steps)
+        if timesteps is not None:
+            ts = custom_timesteps(timesteps, T)
+            prev = [int(ts[i + 1]) if i + 1 < len(ts) else -1 for i in range(len(ts))]
+        else:
+            ts = vp_timesteps(num_inference_steps, T, self.config.timestep_spacing, self.config.steps_offset)
+            # diffusers' DDIMScheduler steps to t - T // N whatever the spacing; a negative target means
+            # the final level (final_alpha_cumprod).
+            prev = [max(int(t) - T // len(ts), -1) for t in ts]
+        self.num_inference_steps = len(ts)
         self.timesteps = torch.from_numpy(ts).to(device)
-        self._prev = {int(t): (int(ts[i + 1]) if i + 1 < len(ts) else -1) for i, t in enumerate(ts)}
+        self._prev = {int(t): p for t, p in zip(ts, prev)}
 
     def scale_model_input(self, sample: torch.Tensor, timestep=None) -> torch.Tensor:
         return sample

@@ -14,8 +14,14 @@ or when ``lower_order_final`` is set and there are fewer than 15 steps, as in th
 Grid (``timestep_spacing``): ``linspace``/``leading`` take ``N + 1`` points and drop the cleanest, the
 last step then goes to ``final_sigmas_type`` (``zero``: ``alpha_bar = 1``; ``sigma_min``:
 ``alpha_bar_0``); ``trailing`` is DDIM's. ``use_lu_lambdas`` spaces the grid uniformly in ``lambda``
-(Lu et al. 2022's recommendation for few steps). These choices reproduce diffusers'
-``DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solver_order=2)``.
+(Lu et al. 2022's recommendation for few steps); as in diffusers the model is called at the rounded
+timesteps while the step coefficients use the unrounded levels. ``set_timesteps(timesteps=...)`` or
+``set_timesteps(sigmas=...)`` take a custom grid (training timesteps, or VP sigmas
+``sqrt((1 - a) / a)``, descending; e.g. a fitted schedule, ``samplers/solvers/schedules.py``). These
+choices reproduce diffusers' ``DPMSolverMultistepScheduler(algorithm_type="dpmsolver++",
+solver_order=2)``; configs of its compatibles load as diffusers loads them (DEIS's
+``algorithm_type="deis"`` and UniPC's ``solver_type="bh2"`` become DPM-Solver++ midpoint, DDPM's
+``variance_type="fixed_small"`` is ignored, a learned variance is split off the model output).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers.schedules import fitted_or_default, load_schedule
 from samplers.solvers._vp import (
     VPNoiseMixin,
     VP_COMPATIBLES,
@@ -36,10 +43,24 @@ from samplers.solvers._vp import (
     TIMESTEP_SPACINGS,
     as_index,
     check_off,
+    check_one_grid_source,
     check_prediction_type,
+    custom_timesteps,
     make_alphas_cumprod,
     to_eps_x0,
 )
+
+
+def _vp_sigmas(alphas_cumprod: torch.Tensor) -> np.ndarray:
+    """VP sigmas ``sqrt((1 - a) / a)`` ``[T]`` (increasing in t), computed as diffusers computes them."""
+    ac = alphas_cumprod.float()
+    return (((1 - ac) / ac) ** 0.5).numpy().astype(np.float64)
+
+
+def sigma_to_t(sigma: np.ndarray, log_sigmas: np.ndarray) -> np.ndarray:
+    """Fractional training timestep of each VP ``sigma``, interpolating ``log sigma`` linearly between
+    training steps (clamped to ``[0, T - 1]``)."""
+    return np.interp(np.log(np.maximum(sigma, 1e-10)), log_sigmas, np.arange(len(log_sigmas)))
 
 
 def dpm_timesteps(
@@ -49,27 +70,26 @@ def dpm_timesteps(
     steps_offset: int = 0,
     lambda_min_clipped: float = -float("inf"),
     use_lu_lambdas: bool = False,
-) -> np.ndarray:
-    """Descending timesteps ``[N]`` for DPM-Solver; see the module docstring."""
+    beta_schedule: str = "linear",
+):
+    """Descending timesteps ``[N]`` (int64) and the VP sigmas ``[N]`` the steps use; see the module docstring."""
     T = len(alphas_cumprod)
     N = int(num_inference_steps)
     if N < 1 or N > T:
         raise ValueError(f"num_inference_steps must be in [1, {T}], got {num_inference_steps}")
+    sig = _vp_sigmas(alphas_cumprod)
+    if use_lu_lambdas:
+        # Uniform in log sigma (= -lambda) over the whole training range; the model is called at the
+        # rounded (cosine schedule: truncated) timesteps, the coefficients keep the exact sigmas.
+        log_sig = np.log(sig)
+        sigmas = np.exp(np.linspace(log_sig[-1], log_sig[0], N))
+        t = sigma_to_t(sigmas, log_sig)
+        ts = (t if beta_schedule == "squaredcos_cap_v2" else np.round(t)).astype(np.int64)
+        return ts, sigmas
     ac = alphas_cumprod.double()
     lam = 0.5 * (torch.log(ac) - torch.log1p(-ac))
     # Timesteps whose lambda is below the clip are never used (the cosine schedule's last steps).
     last = T - int((lam < lambda_min_clipped).sum())
-    if use_lu_lambdas:
-        # Uniform in lambda between the noisiest usable step and the cleanest, mapped back to fractional
-        # timesteps by interpolating log-sigma (sigma = exp(-lambda)), then rounded.
-        lam_hi, lam_lo = lam[0].item(), lam[last - 1].item()
-        lams = np.linspace(lam_lo, lam_hi, N)
-        grid = -lam.numpy()  # log sigma, increasing in t
-        ts = np.round(np.interp(-lams, grid, np.arange(T))).astype(np.int64)
-        # Near t = 0 one training step spans a large lambda interval, so rounding can repeat a
-        # timestep; keep the first occurrence (the grid may end up shorter than N).
-        _, first = np.unique(ts, return_index=True)
-        return ts[np.sort(first)]
     if timestep_spacing == "linspace":
         ts = np.linspace(0, last - 1, N + 1).round()[::-1][:-1]
     elif timestep_spacing == "leading":
@@ -78,7 +98,8 @@ def dpm_timesteps(
         ts = np.round(np.arange(last, 0, -T / N)) - 1
     else:
         raise ValueError(f"timestep_spacing={timestep_spacing!r} is not supported; use one of {TIMESTEP_SPACINGS}")
-    return np.ascontiguousarray(ts).astype(np.int64)
+    ts = np.ascontiguousarray(ts).astype(np.int64)
+    return ts, sig[ts]
 
 
 def dpmpp_2m_update(x, x0, x0_prev, a_s: float, a_t: float, a_prev: Optional[float]):
@@ -140,6 +161,7 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         timestep_spacing: str = "linspace",
         steps_offset: int = 0,
         rescale_betas_zero_snr: bool = False,
+        fitted_schedule: Optional[str] = None,
     ):
         name = type(self).__name__
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), name)
@@ -151,15 +173,23 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             use_beta_sigmas=use_beta_sigmas,
             use_flow_sigmas=use_flow_sigmas,
         )
+        # diffusers loads its compatibles' configs this way: DEIS's algorithm and UniPC's / DEIS's solver
+        # types name the same multistep data-prediction method at order 2.
+        if algorithm_type == "deis":
+            algorithm_type = "dpmsolver++"
+            self.register_to_config(algorithm_type=algorithm_type)
+        if solver_type in ("logrho", "bh1", "bh2"):
+            solver_type = "midpoint"
+            self.register_to_config(solver_type=solver_type)
         if algorithm_type != "dpmsolver++" or solver_order != 2 or solver_type != "midpoint":
             raise ValueError(
                 f"{name} implements algorithm_type='dpmsolver++', solver_order=2, solver_type='midpoint'; got "
                 f"{algorithm_type!r}, {solver_order}, {solver_type!r}: pass those three values to from_config"
             )
-        if variance_type is not None:
-            raise ValueError(f"{name} does not handle learned variance (variance_type={variance_type!r}); pass None")
         if final_sigmas_type not in ("zero", "sigma_min"):
             raise ValueError(f"final_sigmas_type must be 'zero' or 'sigma_min', got {final_sigmas_type!r}")
+        if fitted_schedule is not None:
+            load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
         self.alphas_cumprod = make_alphas_cumprod(
             num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
         )
@@ -169,60 +199,96 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self.init_noise_sigma = 1.0
         self.num_inference_steps = None
         self.timesteps = torch.from_numpy(np.arange(num_train_timesteps)[::-1].copy())
-        self._index = {}
+        self.sigmas = None
+        self._step_index = None
+        self._begin_index = None
         self._last = None
 
-    def set_timesteps(self, num_inference_steps: int, device=None):
-        ts = dpm_timesteps(
-            num_inference_steps,
-            self.alphas_cumprod,
-            self.config.timestep_spacing,
-            self.config.steps_offset,
-            self.config.lambda_min_clipped,
-            self.config.use_lu_lambdas,
-        )
+    def set_timesteps(self, num_inference_steps: Optional[int] = None, device=None, timesteps=None, sigmas=None):
+        """Grid from ``num_inference_steps`` (diffusers' spacing) or a custom ``timesteps`` / VP ``sigmas``
+        grid (descending, ``[N]``; the final level follows ``final_sigmas_type``). Resets the history."""
+        check_one_grid_source(num_inference_steps, timesteps, "sigmas", sigmas)
+        cfg = self.config
+        T = cfg.num_train_timesteps
+        if (timesteps is not None or sigmas is not None) and cfg.use_lu_lambdas:
+            raise ValueError("custom timesteps/sigmas replace use_lu_lambdas: load the config with use_lu_lambdas=False")
+        vp_sig = _vp_sigmas(self.alphas_cumprod)
+        if timesteps is None and sigmas is None and not cfg.use_lu_lambdas:
+            timesteps = fitted_or_default(cfg, "dpmpp-2m", num_inference_steps)
+        if timesteps is not None:
+            ts = custom_timesteps(timesteps, T)
+            sig = vp_sig[ts]
+        elif sigmas is not None:
+            sig = np.asarray(sigmas.tolist() if isinstance(sigmas, torch.Tensor) else sigmas, dtype=np.float64)
+            if sig.ndim != 1 or sig.size < 1 or np.any(sig <= 0) or np.any(np.diff(sig) >= 0):
+                raise ValueError(f"sigmas must be a non-empty, strictly descending list of positive VP sigmas, got {sig.tolist()}")
+            ts = np.round(sigma_to_t(sig, np.log(vp_sig))).astype(np.int64)
+        else:
+            ts, sig = dpm_timesteps(
+                num_inference_steps, self.alphas_cumprod, cfg.timestep_spacing, cfg.steps_offset,
+                cfg.lambda_min_clipped, cfg.use_lu_lambdas, cfg.beta_schedule,
+            )
+        final = 0.0 if cfg.final_sigmas_type == "zero" else float(vp_sig[0])
+        self.sigmas = torch.from_numpy(np.append(sig, final))
         self.num_inference_steps = len(ts)
         self.timesteps = torch.from_numpy(ts).to(device)
-        self._index = {int(t): i for i, t in enumerate(ts)}
-        self._last = None  # (step index, x0 prediction, alpha_bar) of the previous step
+        self._step_index = None
+        self._begin_index = None
+        self._last = None  # (x0 prediction, alpha_bar) of the previous step
+
+    @property
+    def step_index(self):
+        return self._step_index
+
+    @property
+    def begin_index(self):
+        return self._begin_index
+
+    def set_begin_index(self, begin_index: int = 0):
+        """img2img pipelines start at ``timesteps[begin_index]``."""
+        self._begin_index = begin_index
 
     def scale_model_input(self, sample: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return sample
 
-    def _final_alpha(self) -> float:
-        return 1.0 if self.config.final_sigmas_type == "zero" else float(self.alphas_cumprod[0])
+    def _init_step_index(self, t: int) -> int:
+        if self._begin_index is not None:
+            return self._begin_index
+        hits = [i for i, u in enumerate(self.timesteps.tolist()) if u == t]
+        if not hits:
+            raise ValueError(f"timestep {t} is not on the grid set by set_timesteps ({self.timesteps.tolist()})")
+        # A repeated timestep (rounded Lu lambdas) is entered at its second occurrence, as in diffusers.
+        return hits[1] if len(hits) > 1 else hits[0]
+
+    @staticmethod
+    def _alpha_of_sigma(sigma: float) -> float:
+        return 1.0 / (1.0 + sigma * sigma)
 
     def step(self, model_output, timestep, sample, generator=None, eta: float = 0.0, return_dict: bool = True, **kw):
         if self.num_inference_steps is None:
             raise ValueError("call set_timesteps(num_inference_steps) before step()")
         if eta:
             raise ValueError("DPM-Solver++ 2M is deterministic; use eta=0 (or DDIMSolver for eta > 0)")
-        t = as_index(timestep)
-        if t not in self._index:
-            raise ValueError(f"timestep {t} is not on the grid set by set_timesteps ({self.timesteps.tolist()})")
-        i = self._index[t]
+        if self._step_index is None:
+            self._step_index = self._init_step_index(as_index(timestep))
+        i = self._step_index
         N = len(self.timesteps)
-        a_s = float(self.alphas_cumprod[t])
-        a_t = float(self.alphas_cumprod[int(self.timesteps[i + 1])]) if i + 1 < N else self._final_alpha()
+        if i >= N:
+            raise ValueError("step() called more times than there are timesteps; call set_timesteps() again")
+        if self.config.variance_type in ("learned", "learned_range"):
+            model_output = model_output[:, : sample.shape[1]]  # drop the predicted variance channels
+        a_s = self._alpha_of_sigma(float(self.sigmas[i]))
+        a_t = self._alpha_of_sigma(float(self.sigmas[i + 1]))
         x = sample.double()
         _, x0 = to_eps_x0(model_output.double(), x, a_s, self.config.prediction_type)
-        first_order = (
-            self._last is None
-            or self._last[0] != i - 1
-            or (
-                i == N - 1
-                and (
-                    self.config.euler_at_final
-                    or (self.config.lower_order_final and N < 15)
-                    or self.config.final_sigmas_type == "zero"
-                )
-            )
-        )
-        if first_order:
+        cfg = self.config
+        last_low = i == N - 1 and (cfg.euler_at_final or (cfg.lower_order_final and N < 15) or cfg.final_sigmas_type == "zero")
+        if self._last is None or last_low:
             prev = dpmpp_2m_update(x, x0, None, a_s, a_t, None)
         else:
-            prev = dpmpp_2m_update(x, x0, self._last[1], a_s, a_t, self._last[2])
-        self._last = (i, x0, a_s)
+            prev = dpmpp_2m_update(x, x0, self._last[0], a_s, a_t, self._last[1])
+        self._last = (x0, a_s)
+        self._step_index = i + 1
         prev, x0 = prev.to(sample.dtype), x0.to(sample.dtype)
         if not return_dict:
             return (prev,)

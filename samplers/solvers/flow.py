@@ -134,6 +134,8 @@ class FlowMatchSolverScheduler(SchedulerMixin, ConfigMixin):
         self.sigma_min, self.sigma_max = float(self.sigmas[-1]), float(self.sigmas[0])
         self._shift = shift
         self.init_noise_sigma = 1.0
+        # Heun makes two calls per step; img2img pipelines slice timesteps at t_start * order.
+        self.order = 2 if solver == "heun" else 1
         self.num_inference_steps = None
         self._begin_index = None
         self._reset()
@@ -150,9 +152,16 @@ class FlowMatchSolverScheduler(SchedulerMixin, ConfigMixin):
         return self._begin_index
 
     def set_begin_index(self, begin_index: int = 0):
-        """img2img pipelines start part-way down the grid; the plan is entered at this sigma index."""
+        """img2img pipelines start part-way down the call list, at ``timesteps[begin_index]`` (they pass
+        ``t_start * scheduler.order``; ``order`` is 2 for Heun, as in diffusers' Heun scheduler)."""
+        if begin_index and not 0 <= begin_index < len(self._plan):
+            raise ValueError(f"begin_index must be in [0, {len(self._plan) - 1}] (len(timesteps) - 1), got {begin_index}")
+        if self._plan and self._plan[begin_index][1] == "heun1":
+            raise ValueError(
+                f"begin_index {begin_index} is a Heun corrector call; pass t_start * scheduler.order (an even index)"
+            )
         self._begin_index = begin_index
-        self._call = self._first_call_of.get(begin_index, 0)
+        self._call = begin_index
 
     @property
     def step_index(self):
@@ -237,11 +246,22 @@ class FlowMatchSolverScheduler(SchedulerMixin, ConfigMixin):
         s = (t / T).to(device=sample.device, dtype=sample.dtype).reshape((-1,) + (1,) * (sample.ndim - 1))
         return s * noise + (1.0 - s) * sample
 
+    def _enter_at(self, timestep):
+        """A pipeline that sliced ``timesteps`` (img2img) without ``set_begin_index``: enter at the call
+        with this timestep; a Heun grid point appears twice (corrector, then predictor) and the step
+        starts at the second, as diffusers' ``index_for_timestep`` does."""
+        t = float(timestep)
+        hits = [j for j, u in enumerate(self.timesteps.tolist()) if abs(u - t) <= 1e-4 * max(1.0, abs(t))]
+        if hits:
+            self._call = hits[1] if len(hits) > 1 else hits[0]
+
     def step(self, model_output, timestep, sample, generator=None, return_dict: bool = True, **kwargs):
         if self.num_inference_steps is None:
             raise ValueError("call set_timesteps(num_inference_steps) before step()")
         if self._call >= len(self._plan):
             raise ValueError("step() called more times than there are timesteps; call set_timesteps() again")
+        if self._call == 0 and self._begin_index is None:
+            self._enter_at(timestep)
         i, kind = self._plan[self._call]
         self._call += 1
         if self.leaped:

@@ -21,28 +21,33 @@ which ``e`` is fed to it:
 An NFE budget instead of a step count: ``PNDMSolver.steps_for_nfe(nfe, skip_prk_steps)`` gives the
 largest ``N`` that fits, and ``set_timesteps(nfe=...)`` uses it.
 
-Grid: the timesteps of ``timestep_spacing`` (see ``samplers/_vp.py``); each step goes to the next grid
-point (the last to ``final_alpha_cumprod``) and the PRK midpoint of a step ``t -> t'`` is
-``t - (t - t') // 2``. This equals diffusers' ``PNDMScheduler`` whenever ``T // N`` is even with
-``leading`` spacing (and for ``trailing`` spacing when ``N`` divides ``T``).
+Grid: ``set_timesteps(N)`` reproduces diffusers' ``PNDMScheduler`` call for call, including its step
+targets ``t - T // N`` and PRK midpoints (see :func:`_diffusers_plan`); ``set_timesteps(timesteps=[...])``
+takes a custom descending grid (a fitted schedule, ``samplers/solvers/schedules.py``) on which each step
+goes to the next grid point, the last to ``final_alpha_cumprod``, and the PRK midpoint of ``t -> t'`` is
+``t - (t - t') // 2`` (see :func:`_grid_plan`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers.schedules import fitted_or_default, load_schedule
 from samplers.solvers._vp import (
     VPNoiseMixin,
     VP_COMPATIBLES,
     SampleResult,
     SolverOutput,
+    as_index,
+    check_one_grid_source,
     check_prediction_type,
+    custom_timesteps,
     make_alphas_cumprod,
     to_eps_x0,
     vp_timesteps,
@@ -93,29 +98,78 @@ def pndm_steps_for_nfe(nfe: int, skip_prk_steps: bool = False) -> int:
     return nfe // 4
 
 
-def _plan(ts: Sequence[int], skip_prk_steps: bool):
-    """One entry per model call: ``(t_eval, kind, i)`` where ``i`` is the grid step being taken.
+class Call(NamedTuple):
+    """One planned model call: evaluate at ``t_eval``, then move ``x_from_start`` or ``x`` from level
+    ``t_from`` to ``t_to`` (``-1`` = ``final_alpha_cumprod``). ``kind`` is one of ``prk0..prk3`` (Runge-Kutta
+    stages), ``heun0``/``heun1`` (diffusers' warm start), ``plms`` (Adams-Bashforth) or ``same`` (the next
+    call re-evaluates the same point, so this one leaves the sample where it is)."""
 
-    kinds: ``prk0..prk3`` (Runge-Kutta stages), ``heun0``/``heun1`` (diffusers' warm start), ``plms``.
-    Also returns the midpoint timestep of each step.
-    """
+    t_eval: int
+    kind: str
+    t_from: int
+    t_to: int
+
+
+def _grid_plan(ts: Sequence[int], skip_prk_steps: bool) -> List[Call]:
+    """Plan on a self-consistent grid: each step goes to the next grid point (the last to ``-1``), a PRK
+    midpoint is ``t - (t - t') // 2``. Used for custom ``timesteps`` and short grids (N < 4 with PRK)."""
     N = len(ts)
     nxt = [int(ts[i + 1]) if i + 1 < N else -1 for i in range(N)]
-    # The final step targets final_alpha_cumprod; its midpoint is taken towards timestep 0.
-    mid = [int(ts[i]) - (int(ts[i]) - max(nxt[i], 0)) // 2 for i in range(N)]
-    plan = []
+    plan: List[Call] = []
     if skip_prk_steps:
         if N == 1:
-            return [(int(ts[0]), "plms", 0)], nxt, mid
-        plan += [(int(ts[0]), "heun0", 0), (int(ts[1]), "heun1", 0)]
-        plan += [(int(ts[i]), "plms", i) for i in range(1, N)]
-    else:
-        n_prk = min(N, 3)
-        for i in range(n_prk):
-            t_next = nxt[i] if nxt[i] >= 0 else 0
-            plan += [(int(ts[i]), "prk0", i), (mid[i], "prk1", i), (mid[i], "prk2", i), (t_next, "prk3", i)]
-        plan += [(int(ts[i]), "plms", i) for i in range(n_prk, N)]
-    return plan, nxt, mid
+            return [Call(int(ts[0]), "plms", int(ts[0]), -1)]
+        plan += [Call(int(ts[0]), "heun0", int(ts[0]), nxt[0]), Call(int(ts[1]), "heun1", int(ts[0]), nxt[0])]
+        return plan + [Call(int(ts[i]), "plms", int(ts[i]), nxt[i]) for i in range(1, N)]
+    n_prk = min(N, 3)
+    for i in range(n_prk):
+        t = int(ts[i])
+        t_next = max(nxt[i], 0)  # the final step's stages are evaluated towards timestep 0
+        mid = t - (t - t_next) // 2
+        plan += [Call(t, "prk0", t, mid), Call(mid, "prk1", t, mid), Call(mid, "prk2", t, nxt[i]), Call(t_next, "prk3", t, nxt[i])]
+    return plan + [Call(int(ts[i]), "plms", int(ts[i]), nxt[i]) for i in range(n_prk, N)]
+
+
+def _diffusers_plan(ts: Sequence[int], skip_prk_steps: bool, T: int) -> List[Call]:
+    """The calls diffusers' ``PNDMScheduler`` makes for the descending grid ``ts`` of ``set_timesteps(N)``.
+
+    diffusers steps to ``t - T // N`` (PLMS) and to ``t -/+ T // N // 2`` (PRK stages) whatever the
+    spacing, and evaluates the PRK midpoint as ``t' + T // N // 2``. On a ``leading`` grid with an even
+    ``T // N`` this is exactly :func:`_grid_plan`; elsewhere we reproduce it so that the same config
+    gives the same images (drop-in)."""
+    N = len(ts)
+    r = T // N
+    h = r // 2
+    if skip_prk_steps:
+        if N == 1:
+            return [Call(int(ts[0]), "plms", int(ts[0]), int(ts[0]) - r)]
+        g0, g1 = int(ts[0]), int(ts[1])
+        plan = [Call(g0, "heun0", g0, g0 - r), Call(g1, "heun1", g1 + r, g1)]
+        return plan + [Call(int(t), "plms", int(t), int(t) - r) for t in ts[1:]]
+    plan = []
+    for i in range(3):
+        s, n = int(ts[i]), int(ts[i + 1])
+        plan += [Call(s, "prk0", s, s - h), Call(n + h, "prk1", s, n + h), Call(n + h, "prk2", s, n), Call(n, "prk3", s, n)]
+    return plan + [Call(int(t), "plms", int(t), int(t) - r) for t in ts[3:]]
+
+
+def _resumed_plan(calls: Sequence[int]) -> List[Call]:
+    """Plan for a pipeline that enters the call list part-way (img2img: ``timesteps[begin_index:]``).
+
+    Each distinct timestep of the remaining calls is a grid point and is stepped to the next one by PLMS
+    (its history starts empty there); a call whose timestep the next call repeats (what is left of a
+    warm start) leaves the sample unchanged, since the model is about to be evaluated at the same
+    point again. This keeps every model call on the level its sample is at (diffusers' PNDM instead
+    counts its warm start again from the new start and labels the following calls one grid step off)."""
+    plan = []
+    for j, t in enumerate(calls):
+        t = int(t)
+        if j + 1 < len(calls) and int(calls[j + 1]) == t:
+            plan.append(Call(t, "same", t, t))
+            continue
+        later = [int(u) for u in calls[j + 1 :] if int(u) != t]
+        plan.append(Call(t, "plms", t, later[0] if later else -1))
+    return plan
 
 
 class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
@@ -123,8 +177,11 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
 
     ``timesteps`` lists one entry per model call (so it is longer than ``num_inference_steps``: ``N + 9``
     with the PRK warm start, ``N + 1`` with ``skip_prk_steps=True``); a pipeline's loop over
-    ``scheduler.timesteps`` makes exactly those calls. ``step`` must be called once per entry, in order.
-    Prediction types: ``epsilon``, ``v_prediction``, ``sample`` (all converted to a noise estimate).
+    ``scheduler.timesteps`` makes exactly those calls. ``step`` must be called once per entry, in order;
+    img2img pipelines enter part-way through ``set_begin_index`` (see :func:`_resumed_plan`).
+    Prediction types: ``epsilon``, ``v_prediction``, ``sample``. As in diffusers, the model outputs
+    themselves are combined (Runge-Kutta / Adams-Bashforth weights) and the combination is converted to
+    a noise estimate at the step's start sample and level.
     """
 
     _compatibles = VP_COMPATIBLES
@@ -144,8 +201,11 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         timestep_spacing: str = "leading",
         steps_offset: int = 0,
         rescale_betas_zero_snr: bool = False,
+        fitted_schedule: Optional[str] = None,
     ):
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), type(self).__name__)
+        if fitted_schedule is not None:
+            load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
         self.alphas_cumprod = make_alphas_cumprod(
             num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
         )
@@ -153,6 +213,8 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self.init_noise_sigma = 1.0
         self.num_inference_steps = None
         self.timesteps = torch.from_numpy(np.arange(num_train_timesteps)[::-1].copy())
+        self._plan: List[Call] = []
+        self._grid: List[int] = []
         self._reset()
 
     # ------------------------------------------------------------------ NFE accounting
@@ -168,29 +230,91 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         return len(self._plan)
 
     def _reset(self):
-        self._plan, self._next, self._mid, self._grid = [], [], [], []
         self._call = 0
-        self._history: List[torch.Tensor] = []  # noise estimate at the start of each past step
+        self._begin_index = None
+        self._history: List[torch.Tensor] = []  # raw model output at the start of each past step
         self._x_start = None  # sample at the start of the current multi-call step
-        self._e_acc = None  # weighted sum of Runge-Kutta / Heun stages
+        self._acc = None  # weighted sum of Runge-Kutta stages (raw model outputs)
 
-    def set_timesteps(self, num_inference_steps: Optional[int] = None, device=None, nfe: Optional[int] = None):
-        """Plan the model calls for ``num_inference_steps`` steps, or for the most steps that fit in an
-        NFE budget ``nfe``; resets the multistep history."""
-        if (num_inference_steps is None) == (nfe is None):
-            raise ValueError("pass exactly one of num_inference_steps or nfe to set_timesteps")
+    def set_timesteps(
+        self,
+        num_inference_steps: Optional[int] = None,
+        device=None,
+        nfe: Optional[int] = None,
+        timesteps: Optional[Sequence[int]] = None,
+    ):
+        """Plan the model calls for ``num_inference_steps`` steps (diffusers' grid and step targets), for
+        the most steps that fit in an NFE budget ``nfe``, or for a custom descending grid ``timesteps``
+        (e.g. a fitted schedule; each step then goes to the next grid point). Resets the history."""
+        check_one_grid_source(num_inference_steps, timesteps, "nfe", nfe)
+        T = self.config.num_train_timesteps
+        skip = self.config.skip_prk_steps
         if nfe is not None:
-            num_inference_steps = self.steps_for_nfe(nfe)
-        ts = vp_timesteps(
-            num_inference_steps, self.config.num_train_timesteps, self.config.timestep_spacing, self.config.steps_offset
-        )
-        self._set_grid(ts, device)
+            num_inference_steps, nfe = self.steps_for_nfe(nfe), None
+        if timesteps is None:
+            timesteps = fitted_or_default(self.config, "plms" if skip else "pndm", num_inference_steps)
+        if timesteps is not None:
+            ts = custom_timesteps(timesteps, T)
+            plan = _grid_plan(ts, skip)
+        else:
+            ts = vp_timesteps(num_inference_steps, T, self.config.timestep_spacing, self.config.steps_offset)
+            # diffusers' PRK warm start needs 4 grid points; below that only our own grid plan exists.
+            plan = _diffusers_plan(ts, skip, T) if (skip or len(ts) >= 4) else _grid_plan(ts, skip)
+        self._set_plan([int(t) for t in ts], plan, device)
+
+    def _set_plan(self, grid: Sequence[int], plan: List[Call], device=None):
+        self._reset()
+        self.num_inference_steps = len(grid)
+        self._grid = list(grid)
+        self._plan = plan
+        self.timesteps = torch.tensor([c.t_eval for c in plan], dtype=torch.int64, device=device)
+
+    @property
+    def begin_index(self):
+        return self._begin_index
+
+    def set_begin_index(self, begin_index: int = 0):
+        """Enter the call list at ``timesteps[begin_index]`` (img2img pipelines call this after slicing
+        ``timesteps``); the remaining calls are re-planned by :func:`_resumed_plan`."""
+        if self.num_inference_steps is None:
+            raise ValueError("call set_timesteps() before set_begin_index()")
+        full = self.timesteps.tolist()
+        if not 0 <= begin_index < len(full):
+            raise ValueError(f"begin_index must be in [0, {len(full) - 1}] (len(timesteps) - 1), got {begin_index}")
+        if begin_index > 0:
+            self._reset()
+            self._plan = [Call(c.t_eval, "skipped", c.t_from, c.t_to) for c in self._plan[:begin_index]]
+            self._plan += _resumed_plan(full[begin_index:])
+            self._call = begin_index
+        self._begin_index = begin_index
 
     def scale_model_input(self, sample: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return sample
 
     def _alpha(self, t: int) -> float:
         return float(self.alphas_cumprod[t]) if t >= 0 else self.final_alpha_cumprod
+
+    def _check_call(self, timestep) -> Call:
+        if self.num_inference_steps is None:
+            raise ValueError("call set_timesteps(num_inference_steps) before step()")
+        t = as_index(timestep)
+        if self._call == 0 and self._begin_index is None and t != self._plan[0].t_eval and t in self.timesteps.tolist():
+            # A pipeline that sliced timesteps for img2img without calling set_begin_index: enter at the
+            # last call with this timestep (the step that starts there).
+            self.set_begin_index(len(self.timesteps) - 1 - self.timesteps.tolist()[::-1].index(t))
+        if self._call >= len(self._plan):
+            raise ValueError("step() called more times than there are timesteps; call set_timesteps() again")
+        call = self._plan[self._call]
+        if t != call.t_eval:
+            raise ValueError(
+                f"step() expected timestep {call.t_eval} (call {self._call} of {len(self._plan)}) but got {timestep}; "
+                "step through scheduler.timesteps in order, once each (img2img: call set_begin_index first)"
+            )
+        return call
+
+    def _to_eps(self, output, x_base, a: float):
+        eps, x0 = to_eps_x0(output, x_base, a, self.config.prediction_type)
+        return eps, x0
 
     def step(
         self,
@@ -207,70 +331,65 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         ``timestep`` must be the current entry of ``timesteps`` (checked); ``generator`` is accepted for
         pipeline compatibility and unused (PNDM is deterministic); ``eta`` must be 0.
         """
-        if self.num_inference_steps is None:
-            raise ValueError("call set_timesteps(num_inference_steps) before step()")
         if eta:
             raise ValueError("PNDM is a deterministic ODE solver; use eta=0 (or DDIMSolver for eta > 0)")
-        if self._call >= len(self._plan):
-            raise ValueError("step() called more times than there are timesteps; call set_timesteps() again")
-        t_eval, kind, i = self._plan[self._call]
-        if isinstance(timestep, torch.Tensor):
-            timestep = timestep.item()
-        if int(round(float(timestep))) != t_eval:
-            raise ValueError(
-                f"step() expected timestep {t_eval} (call {self._call} of {len(self._plan)}) but got {timestep}; "
-                "step through scheduler.timesteps in order, once each"
-            )
-        x = sample.double()
-        e, _ = to_eps_x0(model_output.double(), x, self._alpha(t_eval), self.config.prediction_type)
-        t, t_next, t_mid = self._plan_t(i)
-        a, a_next, a_mid = self._alpha(t), self._alpha(t_next), self._alpha(t_mid)
-        x0 = None
-        if kind == "plms":
-            self._history = (self._history + [e])[-4:]
-            e_comb = plms_combine(self._history)
-            prev = transfer(x, e_comb, a, a_next)
-            x0 = (x - math.sqrt(1 - a) * e_comb) / math.sqrt(a)
-        elif kind == "heun0":
-            self._history = [e]
-            self._x_start = x
-            prev = transfer(x, e, a, a_next)
-        elif kind == "heun1":
-            e_comb = (e + self._history[-1]) / 2
-            prev = transfer(self._x_start, e_comb, a, a_next)
-            x0 = (self._x_start - math.sqrt(1 - a) * e_comb) / math.sqrt(a)
-            self._x_start = None
-        elif kind == "prk0":
-            self._history = (self._history + [e])[-4:]
-            self._x_start, self._e_acc = x, e / 6
-            prev = transfer(x, e, a, a_mid)
-        elif kind == "prk1":
-            self._e_acc = self._e_acc + e / 3
-            prev = transfer(self._x_start, e, a, a_mid)
-        elif kind == "prk2":
-            self._e_acc = self._e_acc + e / 3
-            prev = transfer(self._x_start, e, a, a_next)
-        else:  # prk3
-            e_comb = self._e_acc + e / 6
-            prev = transfer(self._x_start, e_comb, a, a_next)
-            x0 = (self._x_start - math.sqrt(1 - a) * e_comb) / math.sqrt(a)
-            self._x_start, self._e_acc = None, None
+        call = self._check_call(timestep)
         self._call += 1
+        if call.kind == "same":
+            return (sample,) if not return_dict else SolverOutput(prev_sample=sample, pred_original_sample=None)
+        x, m = sample.double(), model_output.double()
+        a, a_to = self._alpha(call.t_from), self._alpha(call.t_to)
+        kind, x0 = call.kind, None
+        if kind == "plms":
+            self._history = (self._history + [m])[-4:]
+            eps, x0 = self._to_eps(plms_combine(self._history), x, a)
+            prev = transfer(x, eps, a, a_to)
+        elif kind in ("heun0", "prk0"):
+            self._history = [m] if kind == "heun0" else (self._history + [m])[-4:]
+            self._x_start, self._acc = x, m / 6
+            eps, _ = self._to_eps(m, x, a)
+            prev = transfer(x, eps, a, a_to)
+        elif kind == "heun1":
+            eps, x0 = self._to_eps((m + self._history[-1]) / 2, self._x_start, a)
+            prev = transfer(self._x_start, eps, a, a_to)
+            self._x_start = None
+        elif kind in ("prk1", "prk2"):
+            self._acc = self._acc + m / 3
+            eps, _ = self._to_eps(m, self._x_start, a)
+            prev = transfer(self._x_start, eps, a, a_to)
+        elif kind == "prk3":
+            eps, x0 = self._to_eps(self._acc + m / 6, self._x_start, a)
+            prev = transfer(self._x_start, eps, a, a_to)
+            self._x_start, self._acc = None, None
+        else:
+            raise ValueError(f"call {self._call - 1} lies before begin_index; step from timesteps[begin_index:]")
         prev = prev.to(sample.dtype)
         x0 = None if x0 is None else x0.to(sample.dtype)
         if not return_dict:
             return (prev,)
         return SolverOutput(prev_sample=prev, pred_original_sample=x0)
 
-    def _plan_t(self, i: int):
-        return self._grid[i], self._next[i], self._mid[i]
+    def step_prk(self, model_output, timestep, sample, return_dict: bool = True):
+        """diffusers' ``PNDMScheduler.step_prk``: one Runge-Kutta stage call (the first ``4 * 3`` calls of a
+        ``skip_prk_steps=False`` plan). Raises if the current planned call is not a Runge-Kutta stage."""
+        self._check_kind("prk", "step_prk")
+        return self.step(model_output, timestep, sample, return_dict=return_dict)
 
-    def _set_grid(self, ts: Sequence[int], device=None):
-        self._reset()
-        self.num_inference_steps = len(ts)
-        self._grid = [int(t) for t in ts]
-        self._plan, self._next, self._mid = _plan(self._grid, self.config.skip_prk_steps)
-        self.timesteps = torch.tensor([p[0] for p in self._plan], dtype=torch.int64, device=device)
+    def step_plms(self, model_output, timestep, sample, return_dict: bool = True):
+        """diffusers' ``PNDMScheduler.step_plms``: one linear multistep call (including the Heun-like warm
+        start of ``skip_prk_steps=True``). Raises if the Runge-Kutta warm start is still due."""
+        self._check_kind(("plms", "heun", "same"), "step_plms")
+        return self.step(model_output, timestep, sample, return_dict=return_dict)
+
+    def _check_kind(self, prefixes, method: str):
+        if self.num_inference_steps is None:
+            raise ValueError("call set_timesteps(num_inference_steps) before step()")
+        kind = self._plan[self._call].kind if self._call < len(self._plan) else "end"
+        if not kind.startswith(prefixes):
+            raise ValueError(
+                f"{method}() called at call {self._call}, which is a {kind!r} call; use step(), which picks "
+                "the right method (the Runge-Kutta warm start takes the first 12 calls when skip_prk_steps=False)"
+            )
 
 
 def sample_pndm(
@@ -298,8 +417,8 @@ def sample_pndm(
     sched = PNDMSolver(num_train_timesteps=len(alphas_cumprod), skip_prk_steps=skip_prk_steps)
     sched.alphas_cumprod = torch.as_tensor(alphas_cumprod).detach().cpu()
     sched.final_alpha_cumprod = float(final_alpha_cumprod)
-    sched._set_grid(ts)
+    sched._set_plan(ts, _grid_plan(ts, skip_prk_steps))
     x = x_T
-    for t, _, _ in sched._plan:
+    for t in sched.timesteps.tolist():
         x = sched.step(eps_fn(x, t), t, x).prev_sample
     return SampleResult(sample=x, nfe=len(sched._plan))

@@ -83,6 +83,14 @@ def test_sampler_spec_parsing():
     assert c.is_diffusers and c.option_dict == {"threshold": 0.9}
 
 
+def test_xblock_spec_needs_a_cache():
+    (d,) = parse_sampler_specs("confidence:kv=dual:xblock=1")
+    assert d.cache_across_blocks and d.kv_cache == "dual" and d.option_dict == {}
+    for bad in ("confidence:xblock=1", "confidence:kv=none:xblock=1", "confidence:kv=dual:xblock=yes"):
+        with pytest.raises(ValueError, match="xblock"):
+            parse_sampler_specs(bad)
+
+
 class _CountCalls:
     def __init__(self, module):
         self.n, self.lengths = 0, []
@@ -151,3 +159,34 @@ def test_targets_and_equal_quality_ratios():
     ours = cmp["ours"]["confidence"]
     assert cmp["budget"] == 32 and ours["budget"] == 32  # the fastest of ours within 1 point of 79.0
     assert ours["wall_ratio"] == pytest.approx(3.0) and ours["nfe_ratio"] == pytest.approx(36 / 32)
+
+
+def test_bench_counts_lookahead_branches(tiny_dir, tmp_path, capsys):
+    """A lookahead sampler's batched branch call is one NFE; branch forwards count each branch."""
+    rc = main(["bench", "--model", tiny_dir, "--suite", "copy", "--samplers", "threshold,lopa:branches=3:kv=prefix",
+               "--steps", "16", "--limit", "3", "--gen-length", "16", "--block-length", "8",
+               "--out", str(tmp_path), "--no-plots", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "branchF/seq" in captured.err
+    pairs = {p["sampler"]: p for p in json.loads(captured.out)["pairs"]}
+    assert pairs["threshold"]["branch_forwards"] == pairs["threshold"]["nfe"]
+    lopa = pairs["lopa:branches=3:kv=prefix"]
+    assert lopa["nfe"] <= 16
+    # Every pass but each block's first is a 3-branch lookahead call (the random model is unsure).
+    assert lopa["nfe"] < lopa["branch_forwards"] <= 3 * lopa["nfe"]
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert float(rows[1]["branch_forwards"]) == pytest.approx(lopa["branch_forwards"])
+
+
+def test_bench_runs_hex_with_the_suite_extractor(tiny_dir, tmp_path, capsys):
+    """hex by name in the bench: its NFE is the experts' sum, each expert's quality is reported."""
+    rc = main(["bench", "--model", tiny_dir, "--suite", "arithmetic", "--samplers", "hex:block_lengths=4/8/16",
+               "--steps", "16", "--limit", "2", "--gen-length", "16", "--block-length", "8",
+               "--out", str(tmp_path), "--no-plots"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "ensemble vs its experts" in captured.out
+    pair = json.loads((tmp_path / "results.json").read_text())["pairs"][0]
+    assert 0 < pair["nfe"] <= 16 and pair["branch_forwards"] == pair["nfe"]
+    assert set(pair["extra"]["expert_quality"]) == {"4", "8", "16"}

@@ -29,10 +29,19 @@ def test_sample_json_has_the_promised_fields(capsys):
     assert data["nfe"] <= 16 and len(data["tokens"]) == 64 and isinstance(data["text"], str)
 
 
+@pytest.mark.parametrize("spec", ["saber:backtrack=always:n=3", "credit:tau=0.8", "hierarchical:low=0.5"])
+def test_sample_takes_a_sampler_with_options(capsys, spec):
+    code, out, _ = run_cli(capsys, "sample", "--json", "--steps", "64", "--block-length", "32", "--sampler", spec)
+    data = json.loads(out)
+    assert code == 0 and data["sampler"] == spec and data["nfe"] <= 64 and len(data["tokens"]) == 64
+
+
 @pytest.mark.parametrize("argv,fragment", [
     (["--gen-length", "30", "--block-length", "8"], "multiple of block_length"),
     (["--steps", "2", "--block-length", "16"], "at least the number of blocks"),
     (["--sampler", "nope"], "valid samplers"),
+    (["--sampler", "saber:foo=1"], "valid options"),
+    (["--sampler", "saber:backtrack=sometimes"], "backtrack must be one of"),
     (["--model", "no-such-model"], "unknown model"),
     (["--temperature", "-1"], "temperature"),
     (["--prompt", "  "], "empty"),

@@ -31,7 +31,7 @@ def test_tokens_per_step_matches_llada_split():
 
 
 def test_uneven_budget_is_used_exactly():
-    out = dlm.generate(ToyDLM(), PROMPT, gen_length=32, block_length=8, steps=10)
+    out = dlm.generate(ToyDLM(), PROMPT, gen_length=32, block_length=8, steps=10, eos_early_stop=False)
     assert out.steps_per_block == [3, 3, 2, 2] and out.nfe == 10
 
 
@@ -101,21 +101,27 @@ def test_eos_early_stop_skips_the_remaining_blocks():
     out = dlm.generate(model, PROMPT, gen_length=32, block_length=8, steps=32, eos_early_stop=True)
     assert out.sequences[0, 4:7].tolist() == [5, 5, 5]
     assert (out.sequences[0, 7:] == 8).all()
-    assert out.nfe == 8  # only the first block was decoded
-    plain = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32)
+    # Only the first block is decoded, and only until its answer is fixed: ties commit left to right,
+    # so after 4 steps the block reads 5 5 5 EOS with nothing masked before the EOS.
+    assert out.nfe == 4
+    plain = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32, eos_early_stop=False)
     assert plain.nfe == 32 and torch.equal(plain.sequences, out.sequences)
+    default = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32)
+    assert default.nfe == 4  # on by default when the EOS id is known
 
 
 def test_finished_rows_leave_the_batch():
     model = EosAfter(prompt_length=4, n=3)
     prompts = PROMPT.repeat(2, 1)
     dlm.generate(model, prompts, gen_length=16, block_length=8, steps=16, eos_early_stop=True)
-    assert model.rows_seen == [2] * 8  # both rows stop after block 0; no call for block 1
+    # Both rows are fixed after 4 steps of block 0 (5 5 5 EOS); no call for the rest or block 1.
+    assert model.rows_seen == [2] * 4
 
 
 def test_classifier_free_guidance_runs_one_batched_call():
     model = ToyDLM()
-    out = dlm.generate(model, PROMPT, gen_length=8, steps=8, cfg_scale=1.5)
+    # eos_early_stop=False: this toy emits EOS early, and the per-step EOS stop would end the block.
+    out = dlm.generate(model, PROMPT, gen_length=8, steps=8, cfg_scale=1.5, eos_early_stop=False)
     assert out.nfe == 8 and len(model.calls) == 8 and model.calls[0].shape[0] == 2
     unguided = dlm.generate(ToyDLM(), PROMPT, gen_length=8, steps=8)
     assert out.sequences.shape == unguided.sequences.shape
