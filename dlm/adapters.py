@@ -154,6 +154,22 @@ class DLMAdapter:
             kw["use_cache"] = True
         return self._call(x, attention_mask, **kw)
 
+    def full_with_hidden(self, x, attention_mask, position_ids):
+        """One full forward asking for hidden states (`output_hidden_states=True`).
+
+        Returns raw logits `[B, L, V]` and the last hidden state `[B, L, H]`, or None when the model
+        returns none (a plain tensor, or an output without `hidden_states`)."""
+        kw = {"output_hidden_states": True}
+        if position_ids is not None:
+            kw["position_ids"] = position_ids
+        if attention_mask is not None:
+            kw["attention_mask"] = attention_mask
+        out = self.model(x, **kw)
+        if isinstance(out, torch.Tensor):
+            return out, None
+        states = getattr(out, "hidden_states", None)
+        return out.logits, (states[-1] if states else None)
+
     def window(self, x, cache, start: int, end: int, attention_mask, position_ids):
         """Forward only `x[:, start:end]` against a full-length cache. Raw logits `[B, end-start, V]`."""
         kw = {"past_key_values": cache, "cache_window": (start, end)}

@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "dlm.commands.models",
     "dlm.commands.bench",
     "dlm.commands.image",
+    "dlm.commands.train_joint",
 ]
 
 

@@ -120,6 +120,8 @@ class _BlockForward:
         self.cache = None
         self.cache_rows = None  # `[Rc]` sorted block-row indices the cache holds (None: all rows)
         self.forward_tokens = 0
+        # Hidden-state hook (joint sampler): when on, full forwards ask for the last hidden state.
+        self.want_hidden, self.hidden = False, None
         self.carried = None  # (cache of the previous block for these rows, that block's start)
         self._repeated = None  # (k, cache with each row repeated k times) for lookahead calls
 
@@ -138,6 +140,8 @@ class _BlockForward:
         elif full:
             raw = self._full(x_in, mask, pos, live=live)
             logits = a.align(raw, 0, start, end)
+            if self.hidden is not None:  # hidden-state hook: aligned like the logits
+                self.hidden = a.align(self.hidden, 0, start, end)
         else:
             shift = 1 if a.shift_logits else 0
             lo, hi = start - shift, (x_in.shape[1] if self.mode == "prefix" else end)
@@ -148,6 +152,10 @@ class _BlockForward:
             return logits, full
         out = logits.new_zeros((x.shape[0], *logits.shape[1:]))
         out[live] = logits
+        if self.hidden is not None and self.hidden.shape[0] != x.shape[0]:
+            hidden = self.hidden.new_zeros((x.shape[0], *self.hidden.shape[1:]))
+            hidden[live] = self.hidden
+            self.hidden = hidden
         return out, full
 
     def _inputs(self, x, end, live):
@@ -212,6 +220,9 @@ class _BlockForward:
             self.forward_tokens += x.numel()
             cond, un = logits.chunk(2)
             return un + (self.cfg_scale + 1) * (cond - un)
+        if self.want_hidden:  # kv_cache is "none" here (checked in generate)
+            raw, self.hidden = a.full_with_hidden(x, attention_mask, position_ids)
+            return raw
         use_cache = keep_cache and self.mode != "none"
         raw, cache = a.full(x, attention_mask, position_ids, use_cache=use_cache)
         if use_cache:
@@ -456,6 +467,11 @@ def generate(
         raise ValueError(
             f"prompt ({prompt_length} tokens) + gen_length ({gen_length}) = {total_length} exceeds the "
             f"model's context of {adapter.max_length} tokens; shorten the prompt or gen_length")
+    # Hidden-state hook (joint sampler): the policy checks its trained layer against the model.
+    policy.prepare(adapter.model)
+    if policy.needs_hidden_states and (kv_cache != "none" or cfg_scale > 0):
+        raise ValueError(f"sampler {policy.name!r} reads the model's hidden states, which need kv_cache='none' "
+                         f"and cfg_scale=0")
 
     mask_id = adapter.mask_token_id
     device = input_ids.device
@@ -487,6 +503,7 @@ def generate(
         sub_mask = None if full_mask is None else full_mask[rows]
         sub_pos = None if positions is None else positions[rows]
         forward = _BlockForward(adapter, kv_cache, cache_refresh_every, cfg_scale, prompt_length, sub_mask, sub_pos)
+        forward.want_hidden = policy.needs_hidden_states
         if previous is not None:
             forward.carried = _carry_cache(*previous, rows)
         used, step, reuse = 0, 0, None
@@ -521,7 +538,8 @@ def generate(
                 x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, budget - used + 1),
                 step=step, steps_in_block=budget, last_step=last, temperature=temperature,
                 generator=generator, mask_token_id=mask_id, block_start=start, state=state, rows=rows,
-                forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left)
+                forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left,
+                hidden=forward.hidden)
             result = policy.step(logits, ctx)
             new_block = _enforce_contract(result, block_x, candidates, masks_left, policy.remasks, last, mask_id)
             branches = forwards

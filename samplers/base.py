@@ -69,6 +69,9 @@ class StepContext:
         block_start: absolute position of the block's first token.
         rows: `[B]` long, indices of these rows in the caller's full batch (rows that finished are
             not passed), so a stateful sampler can index its per-row state.
+        hidden: `[B, Lb, H]` float, the model's last hidden states at the block's positions from
+            this step's forward, aligned like the logits; only for a sampler whose
+            `needs_hidden_states` is True (None otherwise, or when the model gives none).
         forward: for samplers with `looks_ahead`, a callable `candidates [B, k, Lb] long ->
             logits [B, k, Lb, V]` (aligned with `x`, float, the mask token at -inf): one batched
             model call over the k candidate blocks of every row, reusing the block's KV cache.
@@ -90,6 +93,7 @@ class StepContext:
     block_start: int = 0
     state: dict = field(default_factory=dict)
     rows: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None
     forwards_left: int = 0
 
@@ -123,6 +127,9 @@ class Sampler:
         remasks: True if the sampler may turn committed tokens back into masks.
         adaptive: True if the sampler may commit more than `num_transfer` tokens in a step
             (it then finishes blocks with fewer forward passes than the budget).
+        needs_hidden_states: True if the driver must fill `StepContext.hidden` (it then runs every
+            forward as a full one with `output_hidden_states=True`); may be set per instance
+            by `prepare`.
         looks_ahead: True if the sampler evaluates candidate blocks through `ctx.forward`.
         ensemble: True if the "sampler" combines whole generations (HEX) instead of deciding
             steps; `dlm.generate` hands such a name to `dlm.ensemble`.
@@ -132,6 +139,7 @@ class Sampler:
     Config: ClassVar[type[SamplerConfig]] = SamplerConfig
     remasks: ClassVar[bool] = False
     adaptive: ClassVar[bool] = False
+    needs_hidden_states: bool = False
     looks_ahead: ClassVar[bool] = False
     ensemble: ClassVar[bool] = False
 
@@ -148,6 +156,10 @@ class Sampler:
             raise ValueError(f"sampler '{self.name}' needs a {self.Config.__name__}, got {type(config).__name__}")
         config.validate()
         self.config = config
+
+    def prepare(self, model) -> None:
+        """Called once by the driver with the model before any forward pass; samplers that carry
+        artifacts trained for one model (the joint sampler's layer) check them here."""
 
     def init_state(self, batch_size: int, seq_len: int, device: torch.device) -> dict:
         """Fresh per-generation state; stateless samplers return an empty dict."""

@@ -31,10 +31,14 @@ class TinyDLMOutput(ModelOutput):
     logits: `[B, Lq, V]` float32, `Lq` = L without a window, `e - s` with `cache_window=(s, e)`.
     past_key_values: when `use_cache`, a tuple over layers of `(K, V)`, each `[B, H, L, Dh]` for
         ALL `L` positions (K after rotary). None otherwise.
+    hidden_states: when `output_hidden_states`, the embeddings and every layer's output, each
+        `[B, Lq, hidden_size]`; the last entry is after the final norm (what the LM head reads),
+        as in transformers' models. None otherwise.
     """
 
     logits: Optional[torch.Tensor] = None
     past_key_values: Optional[KVCache] = None
+    hidden_states: Optional[tuple[torch.Tensor, ...]] = None
 
 
 class RMSNorm(nn.Module):
@@ -197,6 +201,7 @@ class TinyDLMModel(TinyDLMPreTrainedModel):
         past_key_values: Optional[KVCache] = None,
         cache_window: Optional[tuple[int, int]] = None,
         use_cache: bool = False,
+        output_hidden_states: bool = False,
         **kwargs,
     ) -> TinyDLMOutput:
         if input_ids.dim() != 2:
@@ -244,14 +249,20 @@ class TinyDLMModel(TinyDLMPreTrainedModel):
         cos, sin = _rotary(position_ids, self.config.hidden_size // self.config.num_attention_heads,
                            self.config.rope_theta, h.dtype)
         new_cache = []
+        hidden = [h] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
             past = past_key_values[i] if past_key_values is not None else None
             h, kv = layer(h, cos, sin, key_mask, past, window)
             if use_cache:
                 new_cache.append(kv)
+            if hidden is not None and i < len(self.layers) - 1:
+                hidden.append(h)
         h = self.norm(h)
+        if hidden is not None:
+            hidden.append(h)
         logits = F.linear(h, self.embed_tokens.weight).float()
-        return TinyDLMOutput(logits=logits, past_key_values=tuple(new_cache) if use_cache else None)
+        return TinyDLMOutput(logits=logits, past_key_values=tuple(new_cache) if use_cache else None,
+                             hidden_states=tuple(hidden) if hidden is not None else None)
 
 
 TinyDLMForMaskedDiffusion = TinyDLMModel
