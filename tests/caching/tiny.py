@@ -13,10 +13,10 @@ from diffusers import (DDIMScheduler, FlowMatchEulerDiscreteScheduler, PixArtTra
 TEXT_DIM = 32
 
 
-def tiny_unet(seed: int = 0, width: int = 32) -> UNet2DConditionModel:
+def tiny_unet(seed: int = 0, width: int = 16) -> UNet2DConditionModel:
     torch.manual_seed(seed)
     return UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1,
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
         block_out_channels=(width, 2 * width), norm_num_groups=8, cross_attention_dim=TEXT_DIM,
         down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"), attention_head_dim=8).eval()
@@ -26,16 +26,16 @@ def tiny_pixart(seed: int = 0, layers: int = 4, heads: int = 2, head_dim: int = 
     torch.manual_seed(seed)
     return PixArtTransformer2DModel(
         num_attention_heads=heads, attention_head_dim=head_dim, in_channels=4, out_channels=4,
-        num_layers=layers, cross_attention_dim=TEXT_DIM, sample_size=16, patch_size=2,
+        num_layers=layers, cross_attention_dim=TEXT_DIM, sample_size=8, patch_size=2,
         norm_type="ada_norm_single", use_additional_conditions=False, caption_channels=None).eval()
 
 
 def tiny_sd3(seed: int = 0, layers: int = 4, heads: int = 2, head_dim: int = 16) -> SD3Transformer2DModel:
     torch.manual_seed(seed)
     return SD3Transformer2DModel(
-        sample_size=16, patch_size=2, in_channels=4, out_channels=4, num_layers=layers,
+        sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=layers,
         attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=TEXT_DIM,
-        caption_projection_dim=heads * head_dim, pooled_projection_dim=TEXT_DIM, pos_embed_max_size=16).eval()
+        caption_projection_dim=heads * head_dim, pooled_projection_dim=TEXT_DIM, pos_embed_max_size=8).eval()
 
 
 def kind_of(model) -> str:
@@ -45,7 +45,7 @@ def kind_of(model) -> str:
 
 @torch.no_grad()
 def sample(model, steps: int = 10, seed: int = 0, batch: int = 1, guidance: float = 4.0,
-           init: torch.Tensor | None = None, strength: float = 1.0, size: int = 16) -> torch.Tensor:
+           init: torch.Tensor | None = None, strength: float = 1.0, size: int = 8) -> torch.Tensor:
     """Latents ``[batch, 4, size, size]`` after ``steps`` CFG steps; img2img when ``init`` is given."""
     kind = kind_of(model)
     g = torch.Generator().manual_seed(seed)
