@@ -108,17 +108,22 @@ def run(args) -> int:
     if not 0.0 <= args.guidance <= 50.0:
         raise ValueError(f"--guidance must be in [0, 50], got {args.guidance}")
 
+    cache_config = None
+    if args.cache is not None:  # parsed before loading anything: a bad spec fails fast
+        import caching
+
+        # DigitsPipeline batches the conditional half first (T-GATE keeps that half after its gate)
+        cache_config = caching.parse_spec(args.cache, cond_index=0)
     solver = args.solver or ("ddim" if "ddim" in solver_names() else "diffusers-ddim")
     pipe = load_digits_pipeline()
     pipe.scheduler = make_scheduler(pipe, solver)
     need = min_steps(pipe.scheduler)
     if args.steps < need:
         raise ValueError(f"--steps {args.steps} is below the order of solver {solver!r}; use --steps >= {need}")
-    if args.cache is not None:
+    if cache_config is not None:
         import caching
 
-        # DigitsPipeline batches the conditional half first (T-GATE keeps that half after its gate)
-        caching.apply(pipe, caching.parse_spec(args.cache, cond_index=0))
+        caching.apply(pipe, cache_config)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     gen = torch.Generator().manual_seed(args.seed)
     labels = torch.tensor(requested)
