@@ -3,6 +3,7 @@
     dlm image                                   # digits 0-9, our DDIM, 20 steps, guidance 3
     dlm image --solver dpmpp-2m --steps 10 --digits 3,7 --num-samples 8 --out out/
     dlm image --search random --budget 160 --json
+    dlm image --steps 50 --cache block:threshold=0.1     # feature caching (caching package)
 
 Writes one nearest-neighbour-upscaled PNG per sample and a grid, prints the paths and the NFE
 (model calls; with --search, per-image model evaluations summed over images).
@@ -84,6 +85,9 @@ def register(subparsers) -> None:
                    help="noise search per image under the digits classifier verifier")
     p.add_argument("--budget", type=positive_int, default=None,
                    help="NFE budget per image for --search (default: 8 full denoisings)")
+    p.add_argument("--cache", default=None, metavar="NAME[:key=value,...]",
+                   help="reuse features across steps: tgate, block or deepcache, options as in their configs "
+                        "(e.g. tgate:gate_step=10; see docs/caching.md)")
     p.add_argument("--out", default="dlm-image-out", help="output folder (default: dlm-image-out)")
     p.add_argument("--scale", type=positive_int, default=8, help="upscale factor of the PNGs (default: 8)")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
@@ -105,6 +109,12 @@ def run(args) -> int:
         raise ValueError(f"--guidance must be in [0, 50], got {args.guidance}")
     out_dir = check_output_dir(args.out)  # before any work
 
+    cache_config = None
+    if args.cache is not None:  # parsed before loading anything: a bad spec fails fast
+        import caching
+
+        # DigitsPipeline batches the conditional half first (T-GATE keeps that half after its gate)
+        cache_config = caching.parse_spec(args.cache, cond_index=0)
     solver = args.solver or ("ddim" if "ddim" in solver_names() else "diffusers-ddim")
     quiet_diffusers()
     pipe = load_digits_pipeline()
@@ -112,6 +122,10 @@ def run(args) -> int:
     need = min_steps(pipe.scheduler)
     if args.steps < need:
         raise ValueError(f"--steps {args.steps} is below the order of solver {solver!r}; use --steps >= {need}")
+    if cache_config is not None:
+        import caching
+
+        caching.apply(pipe, cache_config)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     gen = torch.Generator().manual_seed(args.seed)
     labels = torch.tensor(requested)
@@ -157,7 +171,7 @@ def run(args) -> int:
     captions = [f"asked {d} / got {p}" for d, p in zip(requested, predicted)]
     labeled_grid(images, captions, title, scale=max(args.scale, 12)).save(grid_path)
     summary = {
-        "solver": solver, "steps": args.steps, "guidance": args.guidance, "seed": args.seed,
+        "solver": solver, "cache": args.cache, "steps": args.steps, "guidance": args.guidance, "seed": args.seed,
         "digits": requested, "predicted": predicted,
         "accuracy": sum(int(p == d) for p, d in zip(predicted, requested)) / n,
         "nfe": nfe, "nfe_unit": "model calls (batched)" if search_info is None else "per-image model evaluations",

@@ -1,0 +1,24 @@
+"""`dlm image --cache`: a cached run gives the same images twice; bad specs are one-line usage errors."""
+import json
+
+import pytest
+
+from dlm.cli import main
+
+
+def test_image_cache_runs_and_repeats(tmp_path, capsys):
+    argv = ["image", "--steps", "6", "--digits", "3,8", "--cache", "tgate:gate_step=3", "--json"]
+    runs = []
+    for k in range(2):
+        assert main(argv + ["--out", str(tmp_path / str(k))]) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    assert runs[0]["cache"] == "tgate:gate_step=3" and runs[0]["nfe"] == 6
+    assert [open(f, "rb").read() for f in runs[0]["files"]] == [open(f, "rb").read() for f in runs[1]["files"]]
+
+
+@pytest.mark.parametrize("spec,msg", [("nope", "unknown cache"), ("block:threshold=x", "must be a float"),
+                                      ("deepcache:interval=0", "interval must be >= 1")])
+def test_image_cache_bad_spec(tmp_path, capsys, spec, msg):
+    assert main(["image", "--steps", "2", "--cache", spec, "--out", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
