@@ -9,7 +9,8 @@ One entry point dispatching on the config type:
 
 - :class:`TGateConfig` (``caching.tgate``): cross-attention caching after a gate step, CFG dropped;
 - :class:`BlockCacheConfig` (``caching.block_cache``): adaptive middle-block residual caching;
-- :class:`DeepCacheConfig` (``caching.deepcache``): fixed-interval deep-feature / block inheritance.
+- :class:`DeepCacheConfig` (``caching.deepcache``): fixed-interval deep-feature / block inheritance;
+- :class:`StepRehashConfig` (``caching.step_rehash``): adaptive reuse of a UNet's deep branch (Step Rehash).
 
 No pipeline cooperation is needed (no ``cache_context``): see ``caching._core`` for how calls, steps
 and CFG branches are told apart.
@@ -23,13 +24,15 @@ import torch
 from ._core import StepTracker, remove_hooks
 from .block_cache import BlockCacheConfig, apply_block_cache
 from .deepcache import DeepCacheConfig, apply_deepcache
+from .step_rehash import StepRehashConfig, apply_step_rehash
 from .tgate import TGateConfig, apply_tgate
 
 #: CLI names -> config classes (``dlm image --cache NAME[:key=value,...]``)
-CACHES = {"tgate": TGateConfig, "block": BlockCacheConfig, "deepcache": DeepCacheConfig}
-_APPLY = {TGateConfig: apply_tgate, BlockCacheConfig: apply_block_cache, DeepCacheConfig: apply_deepcache}
+CACHES = {"tgate": TGateConfig, "block": BlockCacheConfig, "deepcache": DeepCacheConfig, "rehash": StepRehashConfig}
+_APPLY = {TGateConfig: apply_tgate, BlockCacheConfig: apply_block_cache, DeepCacheConfig: apply_deepcache,
+          StepRehashConfig: apply_step_rehash}
 
-__all__ = ["CACHES", "BlockCacheConfig", "DeepCacheConfig", "StepTracker", "TGateConfig", "apply", "denoiser",
+__all__ = ["CACHES", "BlockCacheConfig", "DeepCacheConfig", "StepRehashConfig", "StepTracker", "TGateConfig", "apply", "denoiser",
            "parse_spec", "remove", "reset"]
 
 

@@ -1,5 +1,5 @@
 """video package: memory-lean inference for diffusers video models (Streamlined Inference)."""
 
-from video.streamline import SUPPORTED, StreamlineConfig, streamline, unstreamline
+from video.streamline import SUPPORTED, StreamlineConfig, rehash_tracker, streamline, unstreamline
 
-__all__ = ["SUPPORTED", "StreamlineConfig", "streamline", "unstreamline"]
+__all__ = ["SUPPORTED", "StreamlineConfig", "rehash_tracker", "streamline", "unstreamline"]

@@ -24,6 +24,10 @@ spatial blocks run on ``slices`` pieces of batch x frames and temporal blocks on
 pieces of batch x spatial tokens.
 
 Peak memory drops because attention scores and the MLP hidden states are only ever slice-sized.
+
+Step Rehash (the paper's second component, ``rehash=caching.StepRehashConfig(...)``) is the
+``caching.step_rehash`` hook on the UNet's deep blocks; it composes with slicing because streamline
+patches the operators inside the blocks, never the blocks themselves.
 """
 
 import types
@@ -256,31 +260,62 @@ def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = Non
     slices: pieces of the batch x frames dimension for spatial operators.
     temporal_slices: pieces of the image rows (motion modules, temporal ResNet blocks) or of the
         spatial tokens (SVD's and Latte's temporal transformer blocks); None means ``slices``.
-    Outputs equal the unsliced model's to float tolerance. Undo with :func:`unstreamline`.
+    rehash: a ``caching.StepRehashConfig`` to also attach Step Rehash (UNets only: UNetMotionModel,
+        UNetSpatioTemporalConditionModel); its tracker is ``video.rehash_tracker(model)``.
+    Outputs equal the unsliced model's to float tolerance (with ``rehash``: the unsliced model with
+    the same Step Rehash). Undo with :func:`unstreamline`.
     """
     cfg = StreamlineConfig(slices, temporal_slices).validate()
-    if rehash is not None:
-        raise ValueError("rehash is not implemented yet; pass rehash=None")
     unet = _unet_of(pipe_or_model)
     if getattr(unet, _ATTR, None) is not None:
         raise ValueError("model is already streamlined; call video.unstreamline first")
+    tracker = _attach_rehash(unet, rehash)
     patched = []
-    for m, kind in _targets(unet):
-        if "forward" in m.__dict__:
-            raise ValueError(f"{type(m).__name__} already has a patched forward (another hook?)")
-        m.forward = _sliced_forward(m, kind, cfg)
-        patched.append(m)
-    setattr(unet, _ATTR, (cfg, patched))
+    try:
+        for m, kind in _targets(unet):
+            if "forward" in m.__dict__:
+                raise ValueError(f"{type(m).__name__} already has a patched forward (another hook?)")
+            m.forward = _sliced_forward(m, kind, cfg)
+            patched.append(m)
+    except ValueError:
+        _unpatch(unet, patched, tracker)
+        raise
+    setattr(unet, _ATTR, (cfg, patched, tracker))
     return unet
 
 
+def _attach_rehash(unet, rehash):
+    """Attach Step Rehash first (it validates the model and config) so a failure leaves nothing patched."""
+    if rehash is None:
+        return None
+    import caching
+
+    if not isinstance(rehash, caching.StepRehashConfig):
+        raise ValueError(f"rehash must be a caching.StepRehashConfig or None, got {type(rehash).__name__}")
+    return caching.apply(unet, rehash)
+
+
+def _unpatch(unet, patched, tracker) -> None:
+    for m in patched:
+        m.__dict__.pop("forward", None)
+    if tracker is not None:
+        import caching
+
+        caching.remove(unet)
+
+
+def rehash_tracker(pipe_or_model):
+    """The ``caching.StepTracker`` of the Step Rehash that :func:`streamline` attached, or None."""
+    state = getattr(_unet_of(pipe_or_model), _ATTR, None)
+    return None if state is None else state[2]
+
+
 def unstreamline(pipe_or_model):
-    """Remove :func:`streamline`'s patches; the model runs unsliced again."""
+    """Remove :func:`streamline`'s patches and its Step Rehash; the model runs unsliced again."""
     unet = _unet_of(pipe_or_model)
     state = getattr(unet, _ATTR, None)
     if state is None:
         return unet
-    for m in state[1]:
-        m.__dict__.pop("forward", None)
+    _unpatch(unet, state[1], state[2])
     setattr(unet, _ATTR, None)
     return unet
