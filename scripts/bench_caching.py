@@ -3,8 +3,9 @@
     python scripts/bench_caching.py --out bench-caching          # CPU, a few minutes
 
 For each model (tiny random SD UNet, PixArt and SD3 at 32x32 latents; the shipped digits model) and
-step count (20, 50) it samples once uncached and once per cache, after one warm-up call each, and
-reports: time per call, speed-up over uncached, PSNR of the final latents against the uncached ones
+step count (20, 50) it samples once uncached and once per cache, after one warm-up call each (``--repeats`` timed calls), and
+reports: CPU time per call (best and median of ``--repeats`` calls; one thread, so not counting
+the waits for other processes), best wall time, speed-ups over uncached, PSNR of the final latents against the uncached ones
 (peak = the uncached latents' range), and on digits the classifier accuracy. Diffusers' built-in
 caches (FirstBlockCache, TaylorSeer) run inside ``model.cache_context("cfg")`` with their state reset
 before each call -- what a pipeline that supports them does; where they raise, the error is recorded.
@@ -17,6 +18,7 @@ import copy
 import csv
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -55,21 +57,33 @@ def psnr(x: torch.Tensor, ref: torch.Tensor) -> float:
     return math.inf if mse == 0 else 10 * math.log10(peak ** 2 / mse)
 
 
-def timed(fn, repeats: int = 2):
-    """Output and best wall time of ``repeats`` calls after one warm-up call (shared, loaded CPUs)."""
+REPEATS = 3  # set by --repeats
+DIGIT_REPEATS = 3  # set by --digit-repeats
+WITH_DIFFUSERS = True  # unset by --no-diffusers
+
+
+def timed(fn, repeats: int | None = None):
+    """Output and timings of ``repeats`` calls after one warm-up call.
+
+    Returns ``(out, cpu_best, cpu_median, wall_best)``. The process CPU time (``time.process_time``)
+    is the primary measure: the benchmark runs on one thread, so CPU time counts this process's work
+    only, while wall time on a shared machine also counts the waits for the other processes on the
+    cores (it varied by +-30% between identical calls in an earlier run).
+    """
     fn()
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
+    cpu, wall = [], []
+    for _ in range(repeats or REPEATS):
+        t, c = time.perf_counter(), time.process_time()
         out = fn()
-        best = min(best, time.perf_counter() - t)
-    return out, best
+        cpu.append(time.process_time() - c)
+        wall.append(time.perf_counter() - t)
+    return out, min(cpu), statistics.median(cpu), min(wall)
 
 
 def run_model(kind: str, model, steps: int, rows: list) -> None:
     if kind == "digits":
         from dlm.image.metrics import digit_accuracy
-        pipe, digits = model, torch.arange(10).repeat(3)
+        pipe, digits = model, torch.arange(10).repeat(DIGIT_REPEATS)
 
         def call(net=None):
             if net is not None:
@@ -86,22 +100,25 @@ def run_model(kind: str, model, steps: int, rows: list) -> None:
         def acc(x):
             return None
         net = model
-    ref, t0 = timed(call)
-    rows.append(dict(model=kind, steps=steps, cache="uncached", seconds=round(t0, 3), speedup=1.0,
-                     psnr=math.inf, accuracy=acc(ref)))
+    ref, t0, m0, w0 = timed(call)
+    rows.append(dict(model=kind, steps=steps, cache="uncached", seconds=round(t0, 3), median=round(m0, 3),
+                     wall=round(w0, 3), speedup=1.0, median_speedup=1.0, wall_speedup=1.0, psnr=math.inf,
+                     accuracy=acc(ref)))
     for name, cfg in ours(kind, steps).items():
         caching.apply(net, cfg)
         try:
-            x, t = timed(call)
+            x, t, m, w = timed(call)
         finally:
             caching.remove(net)
-        rows.append(dict(model=kind, steps=steps, cache=name, seconds=round(t, 3), speedup=round(t0 / t, 2),
+        rows.append(dict(model=kind, steps=steps, cache=name, seconds=round(t, 3), median=round(m, 3),
+                         wall=round(w, 3), speedup=round(t0 / t, 2), median_speedup=round(m0 / m, 2),
+                         wall_speedup=round(w0 / w, 2),
                          psnr=round(psnr(x, ref), 2), accuracy=acc(x)))
         print(rows[-1], flush=True)
     from diffusers.hooks import HookRegistry
     from diffusers.hooks.hooks import CacheContext, _set_cache_context
 
-    for name, (apply_fn, cfg) in diffusers_caches().items():
+    for name, (apply_fn, cfg) in (diffusers_caches() if WITH_DIFFUSERS else {}).items():
         row = dict(model=kind, steps=steps, cache=name)
         twin = copy.deepcopy(net)  # diffusers' hooks have no clean removal across all of them
         try:
@@ -114,8 +131,9 @@ def run_model(kind: str, model, steps: int, rows: list) -> None:
                     return call(twin)
                 finally:
                     _set_cache_context(twin, None)
-            x, t = timed(cached_call)
-            row.update(seconds=round(t, 3), speedup=round(t0 / t, 2), psnr=round(psnr(x, ref), 2), accuracy=acc(x))
+            x, t, m, w = timed(cached_call)
+            row.update(seconds=round(t, 3), median=round(m, 3), wall=round(w, 3), speedup=round(t0 / t, 2),
+                       median_speedup=round(m0 / m, 2), wall_speedup=round(w0 / w, 2), psnr=round(psnr(x, ref), 2), accuracy=acc(x))
         except Exception as err:  # recorded: the point is where diffusers' caches do not apply
             row.update(error=f"{type(err).__name__}: {str(err)[:80]}")
         finally:
@@ -130,7 +148,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench-caching")
     ap.add_argument("--steps", default="20,50")
     ap.add_argument("--models", default="digits,pixart,unet,sd3")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per row after the warm-up (best and median)")
+    ap.add_argument("--digit-repeats", type=int, default=3, help="digits model: samples per digit class")
+    ap.add_argument("--no-diffusers", action="store_true", help="skip diffusers' own caches (peers)")
     args = ap.parse_args(argv)
+    global REPEATS, DIGIT_REPEATS, WITH_DIFFUSERS
+    if args.repeats < 1 or args.digit_repeats < 1:
+        ap.error("--repeats and --digit-repeats must be >= 1")
+    REPEATS, DIGIT_REPEATS, WITH_DIFFUSERS = args.repeats, args.digit_repeats, not args.no_diffusers
     torch.set_num_threads(1)
     builders = {"unet": lambda: tiny_unet(width=32), "pixart": lambda: tiny_pixart(layers=8, heads=4, head_dim=32),
                 "sd3": lambda: tiny_sd3(layers=8, heads=4, head_dim=32)}
@@ -146,7 +171,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "caching.json").write_text(json.dumps(rows, indent=1))
-    keys = ["model", "steps", "cache", "seconds", "speedup", "psnr", "accuracy", "error"]
+    keys = ["model", "steps", "cache", "seconds", "median", "wall", "speedup", "median_speedup", "wall_speedup", "psnr", "accuracy", "error"]
     with open(out / "caching.csv", "w", newline="") as f:
         w = csv.DictWriter(f, keys)
         w.writeheader()
