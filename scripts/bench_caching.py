@@ -39,6 +39,9 @@ def ours(kind: str, steps: int) -> dict:
     if kind != "unet":
         out["block:threshold=0.1"] = caching.BlockCacheConfig(threshold=0.1, warmup_steps=2, max_cached_steps=3)
         out["block:threshold=0.2"] = caching.BlockCacheConfig(threshold=0.2, warmup_steps=2, max_cached_steps=5)
+    if kind == "unet":  # Step Rehash needs a UNet's down/mid/up blocks
+        out["rehash:threshold=0.1"] = caching.StepRehashConfig(threshold=0.1, warmup_steps=2, max_reuse=2)
+        out["rehash:threshold=0.2"] = caching.StepRehashConfig(threshold=0.2, warmup_steps=2, max_reuse=3)
     if kind != "sd3":
         out[f"tgate:gate_step={gate}"] = caching.TGateConfig(gate_step=gate, cond_index=0 if kind == "digits" else 1)
     return out

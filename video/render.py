@@ -1,6 +1,7 @@
 """Render a short clip with a tiny random-weight AnimateDiff UNet, streamlined, and save a GIF.
 
     python -m video.render --frames 16 --size 16 --steps 4 --out /tmp/clip.gif
+    python -m video.render --steps 8 --rehash 0.2 --out /tmp/clip.gif   # with Step Rehash
 
 The weights are random (no downloads), so the clip is noise-like: this demonstrates the streamlined
 pipeline end to end (DDIM loop, sliced UNet, sliced VAE decode), not image quality.
@@ -19,6 +20,8 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=16, help="latent size; pixels = 2x with the tiny VAE")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--slices", type=int, default=8)
+    ap.add_argument("--rehash", type=float, default=None, metavar="THRESHOLD",
+                    help="also attach Step Rehash with this threshold (caching.StepRehashConfig)")
     ap.add_argument("--out", default="clip.gif")
     a = ap.parse_args(argv)
     from diffusers import AutoencoderKL, DDIMScheduler
@@ -34,8 +37,11 @@ def main(argv=None):
     unet = tiny_motion_unet()
     vae = AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
                         up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8).eval()
+    import caching
+
     try:
-        video.streamline(unet, slices=a.slices, temporal_slices=min(4, a.size // 2))
+        rehash = None if a.rehash is None else caching.StepRehashConfig(threshold=a.rehash).validate()
+        video.streamline(unet, slices=a.slices, temporal_slices=min(4, a.size // 2), rehash=rehash)
     except ValueError as e:
         sys.exit(f"error: {e}")
     sched = DDIMScheduler()
@@ -49,7 +55,9 @@ def main(argv=None):
     frames = ((frames[0].clamp(-1, 1) + 1) * 127.5).byte().permute(1, 2, 3, 0).numpy()
     imgs = [Image.fromarray(f) for f in frames]
     imgs[0].save(a.out, save_all=True, append_images=imgs[1:], duration=100, loop=0)
-    print(f"wrote {a.out}: {len(imgs)} frames {imgs[0].size}")
+    tracker = video.rehash_tracker(unet)
+    extra = "" if tracker is None else f", {tracker.counters['steps_rehashed']} of {a.steps} steps rehashed"
+    print(f"wrote {a.out}: {len(imgs)} frames {imgs[0].size}{extra}")
 
 
 if __name__ == "__main__":
