@@ -22,6 +22,20 @@ def tiny_unet(seed: int = 0, width: int = 16) -> UNet2DConditionModel:
         up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"), attention_head_dim=8).eval()
 
 
+def tiny_sd_unet(seed: int = 0, width: int = 16) -> UNet2DConditionModel:
+    """Stable Diffusion 1.5's block layout at toy width: 4 levels (channels 1:2:4:4 as SD's
+    320/640/1280/1280), 2 layers per block, cross-attention on the three outer levels. Deep-branch
+    caches (DeepCache, Step Rehash) depend on this shape: in the 2-level ``tiny_unet`` the outer level
+    is most of the compute, in SD's layout the deep levels carry most of it."""
+    torch.manual_seed(seed)
+    return UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=2,
+        block_out_channels=(width, 2 * width, 4 * width, 4 * width), norm_num_groups=8,
+        cross_attention_dim=TEXT_DIM, attention_head_dim=8,
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3).eval()
+
+
 def tiny_pixart(seed: int = 0, layers: int = 4, heads: int = 2, head_dim: int = 16) -> PixArtTransformer2DModel:
     torch.manual_seed(seed)
     return PixArtTransformer2DModel(
@@ -30,12 +44,14 @@ def tiny_pixart(seed: int = 0, layers: int = 4, heads: int = 2, head_dim: int = 
         norm_type="ada_norm_single", use_additional_conditions=False, caption_channels=None).eval()
 
 
-def tiny_sd3(seed: int = 0, layers: int = 4, heads: int = 2, head_dim: int = 16) -> SD3Transformer2DModel:
+def tiny_sd3(seed: int = 0, layers: int = 4, heads: int = 2, head_dim: int = 16,
+             max_latent: int = 16) -> SD3Transformer2DModel:
+    """max_latent: the largest latent side it accepts (SD3 crops a fixed positional table)."""
     torch.manual_seed(seed)
     return SD3Transformer2DModel(
         sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=layers,
         attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=TEXT_DIM,
-        caption_projection_dim=heads * head_dim, pooled_projection_dim=TEXT_DIM, pos_embed_max_size=8).eval()
+        caption_projection_dim=heads * head_dim, pooled_projection_dim=TEXT_DIM, pos_embed_max_size=max_latent // 2).eval()
 
 
 def kind_of(model) -> str:
