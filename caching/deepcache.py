@@ -21,20 +21,23 @@ import torch
 from diffusers.hooks import ModelHook
 
 from ._core import RootHook, StepTracker, register, timestep_reader
-from .block_cache import apply_middle_cache
+from .block_cache import apply_middle_cache, check_taylor
 
 
 @dataclass(frozen=True)
 class DeepCacheConfig:
     """interval: a full step every ``interval`` steps (1 = never skip). shallow: UNet down/up blocks
     always computed (DeepCache's branch + 1). first_blocks / last_blocks: transformer blocks always
-    computed. warmup_steps: full steps at the start of every call."""
+    computed. warmup_steps: full steps at the start of every call. taylor: transformers only, 1
+    forecasts the middle residual to first order from the last two full steps instead of reusing it
+    (TaylorSeer-style, see ``caching.block_cache``)."""
 
     interval: int = 3
     shallow: int = 1
     first_blocks: int = 1
     last_blocks: int = 1
     warmup_steps: int = 1
+    taylor: int = 0
 
     def validate(self) -> "DeepCacheConfig":
         if self.interval < 1:
@@ -45,6 +48,7 @@ class DeepCacheConfig:
             raise ValueError("first_blocks must be >= 1 and last_blocks >= 0")
         if self.warmup_steps < 1:
             raise ValueError(f"warmup_steps must be >= 1 (step 0 fills the cache), got {self.warmup_steps}")
+        check_taylor(self.taylor)
         return self
 
     def to_dict(self) -> dict:
@@ -79,7 +83,9 @@ def apply_deepcache(model: torch.nn.Module, config: DeepCacheConfig) -> StepTrac
     if not hasattr(model, "up_blocks"):
         def policy(step, run, d):
             return not config.full_step(step)
-        return apply_middle_cache(model, config.first_blocks, config.last_blocks, policy, "deepcache")
+        return apply_middle_cache(model, config.first_blocks, config.last_blocks, policy, "deepcache", config.taylor)
+    if config.taylor:
+        raise ValueError("taylor=1 forecasts a transformer's middle-block residual; for a UNet use taylor=0")
     n_down, n_up = len(model.down_blocks), len(model.up_blocks)
     if config.shallow >= min(n_down, n_up):
         raise ValueError(f"shallow must be below the UNet's {min(n_down, n_up)} down/up blocks, got {config.shallow}")

@@ -41,6 +41,12 @@ def ours(kind: str, steps: int) -> dict:
     if not unet:
         out["block:threshold=0.1"] = caching.BlockCacheConfig(threshold=0.1, warmup_steps=2, max_cached_steps=3)
         out["block:threshold=0.2"] = caching.BlockCacheConfig(threshold=0.2, warmup_steps=2, max_cached_steps=5)
+        # TaylorSeer-style first-order forecast of the skipped residual (caching.block_cache docstring)
+        out["block:threshold=0.15,taylor=1"] = caching.BlockCacheConfig(threshold=0.15, warmup_steps=2,
+                                                                         max_cached_steps=5, taylor=1)
+        out["deepcache:interval=3,taylor=1"] = caching.DeepCacheConfig(interval=3, taylor=1)
+    if kind == "sd3":  # the tiny random SD3's probe residual moves by more than 0.2 every step
+        out["block:threshold=0.4"] = caching.BlockCacheConfig(threshold=0.4, warmup_steps=2, max_cached_steps=5)
     if unet:  # Step Rehash needs a UNet's down/mid/up blocks
         out["rehash:threshold=0.1"] = caching.StepRehashConfig(threshold=0.1, warmup_steps=2, max_reuse=2)
         out["rehash:threshold=0.2"] = caching.StepRehashConfig(threshold=0.2, warmup_steps=2, max_reuse=3)
