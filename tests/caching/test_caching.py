@@ -28,15 +28,6 @@ def applies(model, config) -> bool:
 CASES = [(m, c) for m in MODELS for c in range(3)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # these tiny models run 20-50x slower with 2 intra-op threads on a loaded machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def models():
     return {k: f() for k, f in MODELS.items()}

@@ -12,14 +12,6 @@ import caching  # noqa: E402
 from caching.block_cache import forecast  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_forecast_is_exact_on_a_linear_sequence():
     r0, slope = torch.randn(3, 5), torch.randn(3, 5)
     r = {s: r0 + slope * s for s in range(8)}
