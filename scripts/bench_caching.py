@@ -205,20 +205,37 @@ def main(argv=None) -> int:
 
 
 def plot(rows, path) -> None:
+    """One panel per model: speed-up over uncached vs PSNR, ours as squares, diffusers' as circles,
+    colour by step count; never-skip rows and rows that skipped nothing (PSNR inf) are left out."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    ok = [r for r in rows if "psnr" in r and r["cache"] != "uncached"]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in ok:
-        mark = "o" if r["cache"].startswith("diffusers") else "s"
-        ax.scatter(min(r["psnr"], 80), r["speedup"], marker=mark, s=18)
-        ax.annotate(f"{r['model']}/{r['steps']} {r['cache'].split(' ')[0].split(':')[0]}", (min(r["psnr"], 80), r["speedup"]),
-                    fontsize=5)
-    ax.set_xlabel("PSNR vs uncached (dB, capped at 80)")
-    ax.set_ylabel("speed-up over uncached")
-    ax.set_title("caching: squares ours, circles diffusers")
-    fig.tight_layout()
+    ok = [r for r in rows if "psnr" in r and math.isfinite(r["psnr"])]
+    models = list(dict.fromkeys(r["model"] for r in ok))
+    if not models:
+        return
+    cols = min(3, len(models))
+    rows_n = -(-len(models) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.8 * rows_n), squeeze=False)
+    colours = {20: "tab:blue", 50: "tab:orange"}
+    for ax, model in zip(axes.flat, models):
+        for r in (r for r in ok if r["model"] == model):
+            ours = not r["cache"].startswith("diffusers")
+            ax.scatter(r["psnr"], r["speedup"], marker="s" if ours else "o", s=22,
+                       color=colours.get(r["steps"], "tab:gray"), edgecolor="k" if not ours else None)
+            label = r["cache"].replace("diffusers ", "d:").replace("threshold=", "").replace("interval=", "")
+            ax.annotate(f"{label}", (r["psnr"], r["speedup"]), fontsize=5, xytext=(3, 2), textcoords="offset points")
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel("PSNR vs uncached (dB)", fontsize=8)
+        ax.set_ylabel("speed-up (CPU time)", fontsize=8)
+        ax.axhline(1.0, color="gray", lw=0.5)
+    for ax in list(axes.flat)[len(models):]:
+        ax.axis("off")
+    handles = [plt.Line2D([], [], marker="s", ls="", color=colours[20], label="ours, 20 steps"),
+               plt.Line2D([], [], marker="s", ls="", color=colours[50], label="ours, 50 steps"),
+               plt.Line2D([], [], marker="o", ls="", color="w", markeredgecolor="k", label="diffusers' caches")]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=130)
 
 
