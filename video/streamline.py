@@ -108,12 +108,17 @@ def _spatial_forward(orig, slices):
         def part(v, a, b):
             return v[a:b] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v
 
-        outs = []
+        outs, full = [], None
         for idx in bounds:
             a, b = int(idx[0]), int(idx[-1]) + 1
-            outs.append(orig(*[part(v, a, b) for v in args],
-                             **{k: part(v, a, b) for k, v in kwargs.items()}))
-        return _cat(outs)
+            y = orig(*[part(v, a, b) for v in args], **{k: part(v, a, b) for k, v in kwargs.items()})
+            if isinstance(y, torch.Tensor):  # write into one output buffer: no list of slices + cat copy
+                if full is None:
+                    full = y.new_empty((n,) + y.shape[1:])
+                full[a:b] = y
+            else:
+                outs.append(y)
+        return full if full is not None else _cat(outs)
 
     return forward
 
@@ -213,6 +218,38 @@ def _temporal_res_forward(mod, slices):
     return forward
 
 
+def _spatiotemporal_res_forward(mod, slices):
+    """SpatioTemporalResBlock.forward with the spatial/temporal blend done per slice of image rows.
+
+    The spatial ResNet block and the temporal one run as patched (sliced) themselves; diffusers then
+    blends their full-size outputs (``alpha * x_spatial + (1 - alpha) * x_temporal``) and copies the
+    result back to ``[B*F, C, H, W]``, two more full-size temporaries. Here each row slice is blended
+    and written straight into the output (operator grouping); alpha is per (batch, frame), so the
+    slices are exact.
+    """
+
+    def forward(hidden_states, temb=None, image_only_indicator=None):
+        num_frames = image_only_indicator.shape[-1]
+        spatial = mod.spatial_res_block(hidden_states, temb)
+        bf, c, h, w = spatial.shape
+        b = bf // num_frames
+        _check_slices(h, slices, "temporal_slices")
+        mix = spatial.view(b, num_frames, c, h, w).permute(0, 2, 1, 3, 4)  # a view: [B, C, F, H, W]
+        if temb is not None:
+            temb = temb.reshape(b, num_frames, -1)
+        temporal = mod.temporal_res_block(mix, temb)
+        out = torch.empty_like(spatial)
+        o5 = out.view(b, num_frames, c, h, w)
+        for idx in torch.arange(h).chunk(slices):
+            a, e = int(idx[0]), int(idx[-1]) + 1
+            blend = mod.time_mixer(x_spatial=mix[..., a:e, :], x_temporal=temporal[..., a:e, :],
+                                   image_only_indicator=image_only_indicator)
+            o5[..., a:e, :] = blend.permute(0, 2, 1, 3, 4)
+        return out
+
+    return forward
+
+
 def _targets(unet):
     from diffusers.models.resnet import Downsample2D, ResnetBlock2D, TemporalResnetBlock, Upsample2D
     from diffusers.models.transformers.transformer_2d import Transformer2DModel
@@ -244,6 +281,8 @@ def _sliced_forward(m, kind, cfg):
         return _motion_forward(m, cfg.t_slices)
     if kind == "temporal_res":
         return _temporal_res_forward(m, cfg.t_slices)
+    if kind == "spatiotemporal_res":
+        return _spatiotemporal_res_forward(m, cfg.t_slices)
     if kind == "tokens":
         return _token_forward(m.forward, cfg.t_slices)
     if kind == "tokens_first":  # tokens already lead: [B*HW, F, C]
