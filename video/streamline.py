@@ -250,16 +250,74 @@ def _spatiotemporal_res_forward(mod, slices):
     return forward
 
 
+def _up_motion_forward(mod, slices):
+    """UpBlockMotion / CrossAttnUpBlockMotion.forward with each skip concatenation fused into its
+    ResNet block, per slice of batch x frames.
+
+    diffusers concatenates the block input with the skip connection at full size (``[B*F, C + C_skip,
+    H, W]``) and then runs the ResNet block; here each slice is concatenated and run through the ResNet
+    block on its own (operator grouping), so the widened tensor only ever exists slice-sized. Exact:
+    the ResNet block is per frame. FreeU falls back to diffusers' forward.
+    """
+    original = type(mod).forward
+
+    def forward(hidden_states, res_hidden_states_tuple, temb=None, encoder_hidden_states=None,
+                cross_attention_kwargs=None, upsample_size=None, attention_mask=None,
+                encoder_attention_mask=None, num_frames=1, *args, **kwargs):
+        if all(getattr(mod, k, None) for k in ("s1", "s2", "b1", "b2")):  # FreeU rescales the full tensors
+            extra = {} if not hasattr(mod, "attentions") else dict(
+                encoder_hidden_states=encoder_hidden_states, cross_attention_kwargs=cross_attention_kwargs,
+                attention_mask=attention_mask, encoder_attention_mask=encoder_attention_mask)
+            return original(mod, hidden_states, res_hidden_states_tuple, temb=temb, upsample_size=upsample_size,
+                            num_frames=num_frames, **extra)
+        attentions = getattr(mod, "attentions", None) or [None] * len(mod.resnets)
+        for resnet, attn, motion in zip(mod.resnets, attentions, mod.motion_modules):
+            skip = res_hidden_states_tuple[-1]
+            res_hidden_states_tuple = res_hidden_states_tuple[:-1]
+            hidden_states = _cat_resnet(resnet, hidden_states, skip, temb, slices)
+            if attn is not None:
+                hidden_states = attn(hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
+                                     cross_attention_kwargs=cross_attention_kwargs, attention_mask=attention_mask,
+                                     encoder_attention_mask=encoder_attention_mask, return_dict=False)[0]
+            hidden_states = motion(hidden_states, num_frames=num_frames)
+        for upsampler in mod.upsamplers or []:
+            hidden_states = upsampler(hidden_states=hidden_states, output_size=upsample_size)
+        return hidden_states
+
+    return forward
+
+
+def _cat_resnet(resnet, x, skip, temb, slices):
+    """``resnet(cat([x, skip], 1), temb)`` computed per slice of dim 0 into one output buffer."""
+    n = x.shape[0]
+    _check_slices(n, slices, "slices")
+    run = type(resnet).forward  # the unpatched block: this loop is the slicing
+    out = None
+    for idx in torch.arange(n).chunk(slices):
+        a, b = int(idx[0]), int(idx[-1]) + 1
+        t = temb[a:b] if temb is not None and temb.dim() > 0 and temb.shape[0] == n else temb
+        y = run(resnet, torch.cat([x[a:b], skip[a:b]], dim=1), t)
+        if out is None:
+            out = y.new_empty((n,) + y.shape[1:])
+        out[a:b] = y
+    return out
+
+
 def _targets(unet):
-    from diffusers.models.resnet import Downsample2D, ResnetBlock2D, TemporalResnetBlock, Upsample2D
+    from diffusers.models.resnet import (Downsample2D, ResnetBlock2D, SpatioTemporalResBlock, TemporalResnetBlock,
+                                         Upsample2D)
     from diffusers.models.transformers.transformer_2d import Transformer2DModel
     from diffusers.models.transformers.latte_transformer_3d import LatteTransformer3DModel
     from diffusers.models.transformers.transformer_temporal import TransformerSpatioTemporalModel
-    from diffusers.models.unets.unet_motion_model import AnimateDiffTransformer3D
+    from diffusers.models.unets.unet_motion_model import AnimateDiffTransformer3D, CrossAttnUpBlockMotion, UpBlockMotion
 
     for m in unet.modules():
         if isinstance(m, AnimateDiffTransformer3D):
             yield m, "temporal"
+        elif isinstance(m, (UpBlockMotion, CrossAttnUpBlockMotion)):  # its children are patched too
+            yield m, "up_motion"
+        elif isinstance(m, SpatioTemporalResBlock):  # its two children are patched too (listed after it)
+            yield m, "spatiotemporal_res"
         elif isinstance(m, TemporalResnetBlock):
             yield m, "temporal_res"
         elif isinstance(m, LatteTransformer3DModel):
@@ -281,6 +339,8 @@ def _sliced_forward(m, kind, cfg):
         return _motion_forward(m, cfg.t_slices)
     if kind == "temporal_res":
         return _temporal_res_forward(m, cfg.t_slices)
+    if kind == "up_motion":
+        return _up_motion_forward(m, cfg.slices)
     if kind == "spatiotemporal_res":
         return _spatiotemporal_res_forward(m, cfg.t_slices)
     if kind == "tokens":
@@ -313,6 +373,8 @@ def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = Non
     try:
         for m, kind in _targets(unet):
             if "forward" in m.__dict__:
+                if kind == "up_motion":  # wrapped by a cache hook (Step Rehash): keep it, its operators are sliced
+                    continue
                 raise ValueError(f"{type(m).__name__} already has a patched forward (another hook?)")
             m.forward = _sliced_forward(m, kind, cfg)
             patched.append(m)
