@@ -145,7 +145,7 @@ def sample_train_example(task, rng: random.Random):
 def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_ar: float,
                 no_sep: float, gen: torch.Generator, short_resp: float = 0.0,
                 full_mask: float = 0.0, min_mask_ratio: float = 0.5, loss_weighting: str = "mean",
-                mask_ratio_power: float = 1.0):
+                mask_ratio_power: float = 1.0, eos_revealed: float = 0.0):
     """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
 
     With probability `short_resp` the whole batch uses a shorter response (its longest answer plus
@@ -193,6 +193,14 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
         m = (u[i] < t[i]) & (pos >= start) & (pos < end)
         m |= pos >= end
         mask[i] = m
+    # EOS-revealed rows: every EOS of the response is visible and only answer tokens are masked.
+    # Confidence decoding at one token per step commits the (near-certain) EOS padding first and
+    # decides the answer last, against a revealed tail; independent masking at ratio t almost never
+    # shows that state ((1 - t)^n_eos * t^n_answer), so without these rows it is out of distribution.
+    if eos_revealed > 0:
+        rows = (torch.rand(B, generator=gen) < eos_revealed) & ~semi
+        is_eos = clean[:, P:] == tok.eos_token_id
+        mask[rows] &= ~is_eos[rows]
     # at least one masked position per row
     none = ~mask.any(1)
     if none.any():
@@ -288,6 +296,8 @@ def main(argv=None):
                          "weighted equally; inverse-t: LLaDA's 1/t weighting normalised by R")
     ap.add_argument("--mask-ratio-power", type=float, default=1.0,
                     help="t = min + (1 - min) * u**power with u ~ U(0, 1); > 1 favours small t")
+    ap.add_argument("--eos-revealed", type=float, default=0.0,
+                    help="share of (non-semi-AR) rows whose EOS padding is all unmasked, answer masked at ratio t")
     ap.add_argument("--device", default="cpu", help="torch device for training (batches are built on CPU)")
     ap.add_argument("--full-mask", type=float, default=0.0,
                     help="fraction of (non semi-AR) rows whose whole response is masked (t = 1)")
@@ -363,7 +373,7 @@ def main(argv=None):
         x, clean, att, w, P = build_batch(tasks, weights, tok, rng, args.batch_size,
                                           args.semi_ar, args.no_sep, gen, args.short_resp,
                                           args.full_mask, args.min_mask_ratio, args.loss_weighting,
-                                          args.mask_ratio_power)
+                                          args.mask_ratio_power, args.eos_revealed)
         x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")

@@ -93,3 +93,22 @@ def test_mask_ratio_power_moves_rows_to_small_ratios(train_script):
     # same uniform draws: t = u**power, E[u] = 1/2, E[u**3] = 1/4
     assert mean_ratio(1.0) == pytest.approx(0.5, abs=0.06)
     assert mean_ratio(3.0) == pytest.approx(0.25, abs=0.06)
+
+
+def test_eos_revealed_rows_mask_only_answer_tokens(train_script):
+    tasks = get_suite("list_edits")
+    tok = TinyCharTokenizer()
+
+    def batch(share):
+        return train_script.build_batch(
+            tasks, [1.0] * len(tasks), tok, random.Random(3), batch_size=32, semi_ar=0.0, no_sep=0.0,
+            gen=torch.Generator().manual_seed(3), short_resp=0.0, min_mask_ratio=0.5, eos_revealed=share)
+
+    x, clean, _, _, P = batch(1.0)
+    masked, eos = x[:, P:] == tok.mask_token_id, clean[:, P:] == tok.eos_token_id
+    answer_masked = (masked & ~eos).sum(1)
+    # every EOS is visible, except where a row had no masked answer token and one position was forced
+    assert ((masked & eos).sum(1) <= (answer_masked == 0).long()).all()
+    assert answer_masked.sum() > 0
+    x0, clean0, _, _, _ = batch(0.0)  # the same draws without the option: EOS positions get masked too
+    assert ((x0[:, P:] == tok.mask_token_id) & (clean0[:, P:] == tok.eos_token_id)).sum() > 100
