@@ -115,12 +115,16 @@ class CFGDropper:
         return _double(forward(*_take_half(args, full, i), **_take_half(kwargs, full, i)))
 
 
-class CrossAttnHook(ModelHook):
-    """Cross-attention: compute before the gate, store at the gate step, return the store after."""
+class _AttnHook(ModelHook):
+    """An attention hook with the tracker, the config and its own key in the per-branch state."""
 
     def __init__(self, tracker: StepTracker, config: TGateConfig, key: str) -> None:
         super().__init__()
         self.tracker, self.config, self.key = tracker, config, key
+
+
+class CrossAttnHook(_AttnHook):
+    """Cross-attention: compute before the gate, store at the gate step, return the store after."""
 
     def new_forward(self, module, *args, **kwargs):
         tr, st = self.tracker, self.tracker.state
@@ -146,12 +150,8 @@ def _fit_batch(cached: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
                      "call caching.reset(model) between runs of different batch sizes")
 
 
-class SelfAttnHook(ModelHook):
+class SelfAttnHook(_AttnHook):
     """Self-attention (v2): recompute on the schedule of ``TGateConfig.self_attn_computes``."""
-
-    def __init__(self, tracker: StepTracker, config: TGateConfig, key: str) -> None:
-        super().__init__()
-        self.tracker, self.config, self.key = tracker, config, key
 
     def new_forward(self, module, *args, **kwargs):
         tr, st = self.tracker, self.tracker.state

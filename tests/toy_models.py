@@ -52,3 +52,15 @@ class ShiftedToy(torch.nn.Module):
         logits = self.inner(input_ids, attention_mask=attention_mask, **kw).logits
         # shifted[:, i-1] predicts token i; the last row predicts nothing (filled with copies).
         return torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)
+
+
+def peaked_logits(top_probs, tokens=None, vocab: int = 10, mask_id: int = 9) -> torch.Tensor:
+    """`[1, L, vocab]` logits whose argmax at position i is tokens[i] (default i) with probability
+    top_probs[i]; the rest is spread over the other non-mask tokens, the mask token gets 0."""
+    rows = []
+    for i, p in enumerate(top_probs):
+        tok = i if tokens is None else tokens[i]
+        row = [(1 - p) / (vocab - 2)] * vocab
+        row[tok], row[mask_id] = p, 0.0
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64).clamp_min(1e-12).log().float().unsqueeze(0)

@@ -8,21 +8,14 @@ import dlm
 from samplers import StepContext, get_sampler
 from samplers.unmasking.credit import update_credit
 from samplers.unmasking.hierarchical import best_of_each_run, run_ids
-from toy_models import ToyDLM
+from toy_models import ToyDLM, peaked_logits
 
 MASK = 9
 V = 10
 
 
 def logits_for(top_probs, tokens=None):
-    """`[1, L, V]` logits: position i puts probability top_probs[i] on tokens[i] (default i), the rest spread."""
-    rows = []
-    for i, p in enumerate(top_probs):
-        tok = i if tokens is None else tokens[i]
-        row = [(1 - p) / (V - 2)] * V
-        row[tok], row[MASK] = p, 0.0
-        rows.append(row)
-    return torch.tensor(rows, dtype=torch.float64).clamp_min(1e-12).log().float().unsqueeze(0)
+    return peaked_logits(top_probs, tokens, vocab=V, mask_id=MASK)
 
 
 def ctx_for(x, state=None, step=0, k=1, rows=None):

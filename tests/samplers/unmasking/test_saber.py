@@ -7,22 +7,14 @@ import torch
 import dlm
 from samplers import StepContext, get_sampler
 from samplers.unmasking.saber import backtrack_count, running_mean_threshold
-from toy_models import ToyDLM
+from toy_models import ToyDLM, peaked_logits
 
 MASK = 9
 V = 10
 
 
 def logits_for(top_probs, tokens=None):
-    """`[1, L, V]` logits whose argmax at position i is tokens[i] (default i) with probability top_probs[i]."""
-    rows = []
-    for i, p in enumerate(top_probs):
-        tok = i if tokens is None else tokens[i]
-        rest = (1 - p) / (V - 2)  # spread over the V - 2 other non-mask tokens
-        row = [rest] * V
-        row[tok], row[MASK] = p, 0.0
-        rows.append(row)
-    return torch.tensor(rows, dtype=torch.float64).clamp_min(1e-12).log().float().unsqueeze(0)
+    return peaked_logits(top_probs, tokens, vocab=V, mask_id=MASK)
 
 
 def ctx_for(x, state, step=0, k=1, last=False):
