@@ -250,14 +250,66 @@ def _spatiotemporal_res_forward(mod, slices):
     return forward
 
 
-def _up_motion_forward(mod, slices):
+class _UpsampleHandoff:
+    """Moves an up block's upsampler into the next up block's first ResNet slice loop (operator grouping).
+
+    In UNetMotionModel the output of up block i (upsampled to the next resolution, ``[B*F, C, 2H, 2W]``)
+    is only ever the input of up block i+1, which immediately concatenates it with a skip connection
+    and runs a ResNet block per slice. Block i therefore returns its pre-upsample output (a quarter of
+    the size) and block i+1 upsamples each slice just before its concatenation, so the full-size
+    upsampled tensor never exists. Exact: Upsample2D (interpolation + convolution) is per frame.
+
+    Deferral happens only inside a call of the UNet (a forward pre-hook opens the window), when both
+    blocks still run our forward (no cache hook or torch hook wraps either) and FreeU is off; the
+    UNet's forward hook checks that the next block took the tensor, so a broken chain fails loudly.
+    """
+
+    def __init__(self, up_blocks):
+        self.up_blocks = list(up_blocks)
+        self.forwards = {}  # id(block) -> the forward streamline installed
+        self.pending = None  # (pre-upsample tensor, upsamplers, upsample_size)
+        self.in_call = False
+
+    def open(self, *_):
+        self.in_call, self.pending = True, None
+
+    def close(self, *_):
+        pending, self.in_call, self.pending = self.pending, False, None
+        if pending is not None:
+            raise RuntimeError("video.streamline: an up block deferred its upsample but the next block never "
+                               "took it; call video.unstreamline and report the model")
+
+    def _plain(self, block) -> bool:
+        freeu = all(getattr(block, k, None) for k in ("s1", "s2", "b1", "b2"))
+        ours = block.__dict__.get("forward") is self.forwards.get(id(block))
+        return ours and not freeu and not block._forward_hooks and not block._forward_pre_hooks
+
+    def can_defer(self, block) -> bool:
+        i = next((k for k, b in enumerate(self.up_blocks) if b is block), None)
+        if not self.in_call or i is None or i + 1 >= len(self.up_blocks) or len(block.upsamplers or []) != 1:
+            return False
+        return self._plain(block) and self._plain(self.up_blocks[i + 1])
+
+    def take(self, hidden_states):
+        """The (upsampler, size) deferred for ``hidden_states`` by the previous block, or None."""
+        if self.pending is None:
+            return None
+        low, upsamplers, size = self.pending
+        if low is not hidden_states:
+            raise RuntimeError("video.streamline: an up block's deferred upsample reached a different tensor")
+        self.pending = None
+        return upsamplers[0], size
+
+
+def _up_motion_forward(mod, slices, handoff=None):
     """UpBlockMotion / CrossAttnUpBlockMotion.forward with each skip concatenation fused into its
     ResNet block, per slice of batch x frames.
 
     diffusers concatenates the block input with the skip connection at full size (``[B*F, C + C_skip,
     H, W]``) and then runs the ResNet block; here each slice is concatenated and run through the ResNet
     block on its own (operator grouping), so the widened tensor only ever exists slice-sized. Exact:
-    the ResNet block is per frame. FreeU falls back to diffusers' forward.
+    the ResNet block is per frame. With a ``handoff`` the upsampler moves into the next block's first
+    slice loop (see ``_UpsampleHandoff``). FreeU falls back to diffusers' forward.
     """
     original = type(mod).forward
 
@@ -270,25 +322,36 @@ def _up_motion_forward(mod, slices):
                 attention_mask=attention_mask, encoder_attention_mask=encoder_attention_mask)
             return original(mod, hidden_states, res_hidden_states_tuple, temb=temb, upsample_size=upsample_size,
                             num_frames=num_frames, **extra)
+        upsample = handoff.take(hidden_states) if handoff is not None else None
         attentions = getattr(mod, "attentions", None) or [None] * len(mod.resnets)
         for resnet, attn, motion in zip(mod.resnets, attentions, mod.motion_modules):
             skip = res_hidden_states_tuple[-1]
             res_hidden_states_tuple = res_hidden_states_tuple[:-1]
-            hidden_states = _cat_resnet(resnet, hidden_states, skip, temb, slices)
+            hidden_states = _cat_resnet(resnet, hidden_states, skip, temb, slices, upsample)
+            upsample = None
             if attn is not None:
                 hidden_states = attn(hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
                                      cross_attention_kwargs=cross_attention_kwargs, attention_mask=attention_mask,
                                      encoder_attention_mask=encoder_attention_mask, return_dict=False)[0]
             hidden_states = motion(hidden_states, num_frames=num_frames)
+        if handoff is not None and handoff.can_defer(mod):
+            handoff.pending = (hidden_states, mod.upsamplers, upsample_size)
+            return hidden_states
         for upsampler in mod.upsamplers or []:
             hidden_states = upsampler(hidden_states=hidden_states, output_size=upsample_size)
         return hidden_states
 
+    if handoff is not None:
+        handoff.forwards[id(mod)] = forward
     return forward
 
 
-def _cat_resnet(resnet, x, skip, temb, slices):
-    """``resnet(cat([x, skip], 1), temb)`` computed per slice of dim 0 into one output buffer."""
+def _cat_resnet(resnet, x, skip, temb, slices, upsample=None):
+    """``resnet(cat([x, skip], 1), temb)`` computed per slice of dim 0 into one output buffer.
+
+    upsample: None, or ``(Upsample2D, output_size)`` applied to each slice of ``x`` first (the
+    previous up block's deferred upsampler).
+    """
     n = x.shape[0]
     _check_slices(n, slices, "slices")
     run = type(resnet).forward  # the unpatched block: this loop is the slicing
@@ -296,7 +359,11 @@ def _cat_resnet(resnet, x, skip, temb, slices):
     for idx in torch.arange(n).chunk(slices):
         a, b = int(idx[0]), int(idx[-1]) + 1
         t = temb[a:b] if temb is not None and temb.dim() > 0 and temb.shape[0] == n else temb
-        y = run(resnet, torch.cat([x[a:b], skip[a:b]], dim=1), t)
+        xs = x[a:b]
+        if upsample is not None:
+            up, size = upsample
+            xs = type(up).forward(up, xs, output_size=size)  # unpatched: per slice already
+        y = run(resnet, torch.cat([xs, skip[a:b]], dim=1), t)
         if out is None:
             out = y.new_empty((n,) + y.shape[1:])
         out[a:b] = y
@@ -334,13 +401,13 @@ def _targets(unet):
             yield m, "spatial"
 
 
-def _sliced_forward(m, kind, cfg):
+def _sliced_forward(m, kind, cfg, handoff=None):
     if kind == "temporal":
         return _motion_forward(m, cfg.t_slices)
     if kind == "temporal_res":
         return _temporal_res_forward(m, cfg.t_slices)
     if kind == "up_motion":
-        return _up_motion_forward(m, cfg.slices)
+        return _up_motion_forward(m, cfg.slices, handoff)
     if kind == "spatiotemporal_res":
         return _spatiotemporal_res_forward(m, cfg.t_slices)
     if kind == "tokens":
@@ -369,19 +436,22 @@ def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = Non
     if getattr(unet, _ATTR, None) is not None:
         raise ValueError("model is already streamlined; call video.unstreamline first")
     tracker = _attach_rehash(unet, rehash)
-    patched = []
+    patched, handles = [], []
+    handoff = _UpsampleHandoff(unet.up_blocks) if type(unet).__name__ == "UNetMotionModel" else None
     try:
         for m, kind in _targets(unet):
             if "forward" in m.__dict__:
                 if kind == "up_motion":  # wrapped by a cache hook (Step Rehash): keep it, its operators are sliced
                     continue
                 raise ValueError(f"{type(m).__name__} already has a patched forward (another hook?)")
-            m.forward = _sliced_forward(m, kind, cfg)
+            m.forward = _sliced_forward(m, kind, cfg, handoff)
             patched.append(m)
     except ValueError:
         _unpatch(unet, patched, tracker)
         raise
-    setattr(unet, _ATTR, (cfg, patched, tracker))
+    if handoff is not None:
+        handles = [unet.register_forward_pre_hook(handoff.open), unet.register_forward_hook(handoff.close)]
+    setattr(unet, _ATTR, (cfg, patched, tracker, handles))
     return unet
 
 
@@ -418,5 +488,7 @@ def unstreamline(pipe_or_model):
     if state is None:
         return unet
     _unpatch(unet, state[1], state[2])
+    for handle in state[3]:
+        handle.remove()
     setattr(unet, _ATTR, None)
     return unet

@@ -1,4 +1,6 @@
-import sys, os
+import importlib
+import os
+import sys
 
 import pytest
 import torch
@@ -71,3 +73,59 @@ def test_kernels_name_clash_detected():
     kernels.check_ours(kernels)
     with pytest.raises(ImportError, match="Hugging Face"):
         kernels.check_ours(types.ModuleType("kernels"))
+
+
+def _spy_cat_resnet(monkeypatch):
+    """Record (input spatial size, whether an upsampler was handed over) of every fused skip concat."""
+    vs = importlib.import_module("video.streamline")  # the package re-exports a function of that name
+
+    calls, real = [], vs._cat_resnet
+
+    def spy(resnet, x, skip, temb, slices, upsample=None):
+        calls.append((tuple(x.shape[-2:]), upsample is not None))
+        return real(resnet, x, skip, temb, slices, upsample)
+
+    monkeypatch.setattr(vs, "_cat_resnet", spy)
+    return calls
+
+
+def test_upsample_moves_into_next_up_block(unet, monkeypatch):
+    """Inside a UNet call, up block 0 hands its upsampler to block 1's first slice loop: block 1 gets
+    the 4x4 pre-upsample tensor, never the full-size 8x8 one, and the output is unchanged."""
+    calls = _spy_cat_resnet(monkeypatch)
+    x, t, ehs = motion_inputs(batch=1, frames=16, size=8)
+    with torch.no_grad():
+        ref = unet(x, t, ehs).sample
+        video.streamline(unet, slices=4, temporal_slices=2)
+        try:
+            got = unet(x, t, ehs).sample
+            # called on its own (not inside a UNet call) the block still upsamples itself
+            h = torch.randn(16, 64, 4, 4)
+            res = (torch.randn(16, 32, 4, 4), torch.randn(16, 64, 4, 4))  # used last to first
+            alone = unet.up_blocks[0](h, res, temb=torch.randn(16, 128), num_frames=16)
+        finally:
+            video.unstreamline(unet)
+    # block 0 (4x4, two ResNets), then block 1: first ResNet takes the 4x4 tensor plus the upsampler
+    assert calls[:4] == [((4, 4), False), ((4, 4), False), ((4, 4), True), ((8, 8), False)]
+    assert alone.shape[-2:] == (8, 8)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+    assert not unet._forward_hooks and not unet._forward_pre_hooks  # unstreamline removed the handoff hooks
+
+
+def test_hooked_up_block_keeps_its_upsample(unet, monkeypatch):
+    """A hook on an up block sees the block's real (upsampled) output: no handoff then, same result."""
+    calls = _spy_cat_resnet(monkeypatch)
+    seen = []
+    x, t, ehs = motion_inputs(batch=1, frames=16, size=8)
+    with torch.no_grad():
+        ref = unet(x, t, ehs).sample
+        video.streamline(unet, slices=4, temporal_slices=2)
+        handle = unet.up_blocks[0].register_forward_hook(lambda m, a, out: seen.append(tuple(out.shape[-2:])))
+        try:
+            got = unet(x, t, ehs).sample
+        finally:
+            handle.remove()
+            video.unstreamline(unet)
+    assert seen == [(8, 8)]
+    assert not any(handed for _, handed in calls)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
