@@ -126,18 +126,21 @@ def test_tgate_without_cfg_batch_keeps_batch(models):
     caching.remove(model)
 
 
+@pytest.mark.parametrize("last_blocks", [0, 1])
 @pytest.mark.parametrize("name", ["pixart", "sd3"])
-def test_block_cache_skips_middle_blocks(models, name):
+def test_block_cache_skips_middle_blocks(models, name, last_blocks):
     model = models[name]
     calls = [0] * len(model.transformer_blocks)
     handles = [(getattr(b, "attn1", None) or b.attn).register_forward_hook(lambda m, i, o, k=k: calls.__setitem__(k, calls[k] + 1))
                for k, b in enumerate(model.transformer_blocks)]
     try:
-        tracker = caching.apply(model, caching.BlockCacheConfig(threshold=10.0, warmup_steps=2, max_cached_steps=2))
+        tracker = caching.apply(model, caching.BlockCacheConfig(threshold=10.0, last_blocks=last_blocks,
+                                                                 warmup_steps=2, max_cached_steps=2))
         sample(model, STEPS)
         # steps 0,1 full, then 2 skipped / 1 computed: 2,3 skip, 4 full, 5,6 skip, 7 full
         computed = STEPS - 4
-        assert calls[0] == calls[-1] == STEPS
+        assert calls[0] == STEPS  # the probe always runs
+        assert calls[-1] == (STEPS if last_blocks else computed)
         assert calls[1:-1] == [computed] * (len(calls) - 2)
         assert tracker.counters["steps_cached"] == 4
     finally:
