@@ -71,6 +71,8 @@ SOLVERS = {
     "ours:plms": (_ours("plms"), plms_steps, True),
     "ours:dpmpp-2m": (_ours("dpmpp-2m"), same, True),
     "ours:dpmpp-2m (use_lu_lambdas)": (_ours("dpmpp-2m", use_lu_lambdas=True), same, True),
+    "ours:dpmpp-3m": (_ours("dpmpp-3m"), same, True),
+    "ours:dpmpp-3m (use_lu_lambdas)": (_ours("dpmpp-3m", use_lu_lambdas=True), same, True),
     "diffusers:DDIM": (lambda: DDIMScheduler(**VP, clip_sample=False, set_alpha_to_one=True), same, False),
     "diffusers:DDIM (trailing)": (
         lambda: DDIMScheduler(**VP, clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing"), same, False),

@@ -1,5 +1,6 @@
-"""DPM-Solver++ 2M (Lu et al. 2022, "DPM-Solver++: Fast solver for guided sampling of diffusion
-probabilistic models", Alg. 2, multistep second order, midpoint variant).
+"""DPM-Solver++ 2M and 3M (Lu et al. 2022, "DPM-Solver++: Fast solver for guided sampling of diffusion
+probabilistic models", Alg. 2, multistep second order, midpoint variant; ``solver_order=3``: the
+third-order multistep variant, below).
 
 In data prediction form with ``alpha_t = sqrt(a_t)``, ``sigma_t = sqrt(1 - a_t)``,
 ``lambda_t = log(alpha_t / sigma_t)`` and ``h = lambda_t - lambda_s``, one step from ``s`` to ``t`` is::
@@ -10,6 +11,18 @@ In data prediction form with ``alpha_t = sqrt(a_t)``, ``sigma_t = sqrt(1 - a_t)`
 (first order, i.e. DDIM, when ``D1 = 0``). The first step is first order (no history). The last step is
 first order when it lands on zero noise (``final_sigmas_type="zero"``), when ``euler_at_final`` is set,
 or when ``lower_order_final`` is set and there are fewer than 15 steps, as in the reference code.
+
+Third order (``solver_order=3``, "3M") uses the last three data predictions ``m0, m1, m2`` at
+``lambda_0 > lambda_1 > lambda_2`` (newest first): with ``r0 = (lambda_0 - lambda_1) / h`` and
+``r1 = (lambda_1 - lambda_2) / h``, the divided differences ``E0 = (m0 - m1) / r0``,
+``E1 = (m1 - m2) / r1`` give ``D1 = E0 + r0 / (r0 + r1) (E0 - E1)`` and ``D2 = (E0 - E1) / (r0 + r1)``,
+and the step integrates the quadratic in ``lambda`` exactly::
+
+    x_t = (sigma_t / sigma_s) x_s - alpha_t (exp(-h) - 1) D0 + alpha_t ((exp(-h) - 1) / h + 1) D1
+          - alpha_t ((exp(-h) - 1 + h) / h^2 - 1/2) D2
+
+It needs two earlier steps, so the second step is second order; with ``lower_order_final`` and fewer
+than 15 steps the second-to-last step drops to second order too (diffusers' rule).
 
 Grid (``timestep_spacing``): ``linspace``/``leading`` take ``N + 1`` points and drop the cleanest, the
 last step then goes to ``final_sigmas_type`` (``zero``: ``alpha_bar = 1``; ``sigma_min``:
@@ -102,6 +115,29 @@ def dpm_timesteps(
     return ts, sig[ts]
 
 
+def _lam(a: float) -> float:
+    """log-SNR ``lambda = log(alpha / sigma)`` of the level ``alpha_bar = a``."""
+    return 0.5 * (math.log(a) - math.log1p(-a))
+
+
+def dpmpp_3m_update(x, x0, history, a_s: float, a_t: float):
+    """One third-order DPM-Solver++ step from ``a_s`` to ``a_t`` (``alpha_bar`` values, ``a_t < 1``).
+
+    history: ``[(x0_1, a_1), (x0_2, a_2)]``, the data predictions and levels of the two previous steps,
+    newest first. Formula in the module docstring.
+    """
+    (m1, a1), (m2, a2) = history
+    alpha_t, sigma_t, sigma_s = math.sqrt(a_t), math.sqrt(1 - a_t), math.sqrt(1 - a_s)
+    h = _lam(a_t) - _lam(a_s)
+    r0, r1 = (_lam(a_s) - _lam(a1)) / h, (_lam(a1) - _lam(a2)) / h
+    e0, e1 = (x0 - m1) / r0, (m1 - m2) / r1
+    d1 = e0 + (r0 / (r0 + r1)) * (e0 - e1)
+    d2 = (e0 - e1) / (r0 + r1)
+    phi1 = math.expm1(-h)  # exp(-h) - 1
+    return ((sigma_t / sigma_s) * x - alpha_t * phi1 * x0 + alpha_t * (phi1 / h + 1.0) * d1
+            - alpha_t * ((phi1 + h) / h**2 - 0.5) * d2)
+
+
 def dpmpp_2m_update(x, x0, x0_prev, a_s: float, a_t: float, a_prev: Optional[float]):
     """One DPM-Solver++ step from level ``a_s`` to ``a_t`` (``alpha_bar`` values).
 
@@ -114,18 +150,17 @@ def dpmpp_2m_update(x, x0, x0_prev, a_s: float, a_t: float, a_prev: Optional[flo
     emh = (sigma_t / alpha_t) / (sigma_s / alpha_s)
     D = x0
     if x0_prev is not None and sigma_t > 0:
-        lam = lambda a: 0.5 * (math.log(a) - math.log1p(-a))
-        h = lam(a_t) - lam(a_s)
-        h0 = lam(a_s) - lam(a_prev)
+        h = _lam(a_t) - _lam(a_s)
+        h0 = _lam(a_s) - _lam(a_prev)
         D = x0 + 0.5 * (h / h0) * (x0 - x0_prev)
     return (sigma_t / sigma_s) * x + alpha_t * (1.0 - emh) * D
 
 
 class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
-    """DPM-Solver++ 2M as a diffusers scheduler; config keys follow ``DPMSolverMultistepScheduler``.
+    """DPM-Solver++ 2M / 3M as a diffusers scheduler; config keys follow ``DPMSolverMultistepScheduler``.
 
-    Only the deterministic data-prediction, order-2, midpoint configuration is implemented; loading a
-    config that asks for something else (another ``algorithm_type``, ``solver_order=3``, Karras sigmas,
+    The deterministic data-prediction multistep method at ``solver_order`` 2 (midpoint) or 3; loading a
+    config that asks for something else (another ``algorithm_type``, ``solver_order=1``, Karras sigmas,
     thresholding, learned variance) raises ``ValueError`` instead of silently changing the method.
     NFE = ``num_inference_steps``.
     """
@@ -181,9 +216,9 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         if solver_type in ("logrho", "bh1", "bh2"):
             solver_type = "midpoint"
             self.register_to_config(solver_type=solver_type)
-        if algorithm_type != "dpmsolver++" or solver_order != 2 or solver_type != "midpoint":
+        if algorithm_type != "dpmsolver++" or solver_order not in (2, 3) or solver_type != "midpoint":
             raise ValueError(
-                f"{name} implements algorithm_type='dpmsolver++', solver_order=2, solver_type='midpoint'; got "
+                f"{name} implements algorithm_type='dpmsolver++', solver_order=2 or 3, solver_type='midpoint'; got "
                 f"{algorithm_type!r}, {solver_order}, {solver_type!r}: pass those three values to from_config"
             )
         if final_sigmas_type not in ("zero", "sigma_min"):
@@ -202,7 +237,7 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self.sigmas = None
         self._step_index = None
         self._begin_index = None
-        self._last = None
+        self._history = []
 
     def set_timesteps(self, num_inference_steps: Optional[int] = None, device=None, timesteps=None, sigmas=None):
         """Grid from ``num_inference_steps`` (diffusers' spacing) or a custom ``timesteps`` / VP ``sigmas``
@@ -234,7 +269,7 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self.timesteps = torch.from_numpy(ts).to(device)
         self._step_index = None
         self._begin_index = None
-        self._last = None  # (x0 prediction, alpha_bar) of the previous step
+        self._history = []  # (x0 prediction, alpha_bar) of the previous steps, newest first
 
     @property
     def step_index(self):
@@ -283,11 +318,15 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         _, x0 = to_eps_x0(model_output.double(), x, a_s, self.config.prediction_type)
         cfg = self.config
         last_low = i == N - 1 and (cfg.euler_at_final or (cfg.lower_order_final and N < 15) or cfg.final_sigmas_type == "zero")
-        if self._last is None or last_low:
+        second_last_low = i == N - 2 and cfg.lower_order_final and N < 15
+        hist = self._history
+        if not hist or last_low:
             prev = dpmpp_2m_update(x, x0, None, a_s, a_t, None)
+        elif cfg.solver_order == 2 or len(hist) < 2 or second_last_low:
+            prev = dpmpp_2m_update(x, x0, hist[0][0], a_s, a_t, hist[0][1])
         else:
-            prev = dpmpp_2m_update(x, x0, self._last[0], a_s, a_t, self._last[1])
-        self._last = (x0, a_s)
+            prev = dpmpp_3m_update(x, x0, hist, a_s, a_t)
+        self._history = [(x0, a_s)] + hist[: cfg.solver_order - 2]
         self._step_index = i + 1
         prev, x0 = prev.to(sample.dtype), x0.to(sample.dtype)
         if not return_dict:

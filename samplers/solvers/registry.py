@@ -46,6 +46,9 @@ class SolverSpec:
         return getattr(importlib.import_module(mod), name)
 
     def sample_fn(self) -> Callable:
+        if not self.function:
+            raise ValueError(f"{self.scheduler} in this configuration has no plain-function sampler; use it as a "
+                             "scheduler (get_solver)")
         mod, name = self.function.split(":")
         return getattr(importlib.import_module(mod), name)
 
@@ -74,6 +77,13 @@ SOLVERS: Dict[str, SolverSpec] = {
         "vp",
         "samplers.solvers.dpmpp_2m:sample_dpmpp_2m",
         "DPM-Solver++ 2M (data prediction, multistep order 2), NFE = N",
+    ),
+    "dpmpp-3m": SolverSpec(
+        "samplers.solvers.dpmpp_2m:DPMSolverPP2M",
+        {"solver_order": 3},
+        "vp",
+        "",
+        "DPM-Solver++ 3M (data prediction, multistep order 3), NFE = N",
     ),
     "flow-euler": SolverSpec(
         "samplers.solvers.flow:FlowMatchSolverScheduler",

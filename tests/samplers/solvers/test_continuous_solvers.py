@@ -100,10 +100,11 @@ def test_ddim_clipping_and_v_prediction_match_diffusers():
         {"beta_schedule": "squaredcos_cap_v2", "lambda_min_clipped": -5.1},
     ],
 )
-def test_dpmpp_2m_matches_diffusers(steps, cfg):
+@pytest.mark.parametrize("order", [2, 3])
+def test_dpmpp_multistep_matches_diffusers(steps, cfg, order):
     # diffusers computes DPM-Solver in float32 whatever the input dtype: compare at float32 tolerance.
     x = _noise(torch.float32)
-    ref = DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solver_order=2, **cfg)
+    ref = DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solver_order=order, **cfg)
     ours = DPMSolverPP2M.from_config(ref.config)
     a, b = _loop(ours, steps, x), _loop(ref, steps, x)
     assert ours.timesteps.tolist() == ref.timesteps.tolist()
@@ -294,7 +295,9 @@ def test_registry_and_bad_input():
     with pytest.raises(ValueError, match="use_karras_sigmas"):
         DPMSolverPP2M.from_config(DPMSolverMultistepScheduler(use_karras_sigmas=True).config)
     with pytest.raises(ValueError, match="solver_order"):
-        DPMSolverPP2M(solver_order=3)
+        DPMSolverPP2M(solver_order=1)
+    with pytest.raises(ValueError, match="no plain-function sampler"):
+        get_sample_fn("dpmpp-3m")
     with pytest.raises(ValueError, match="thresholding"):
         DDIMSolver(thresholding=True)
     with pytest.raises(ValueError, match="leap"):

@@ -35,6 +35,7 @@ VP_PAIRS = {
     "pndm": (PNDMSolver, PNDMScheduler, dict(skip_prk_steps=False, set_alpha_to_one=True)),
     "plms": (PNDMSolver, PNDMScheduler, dict(skip_prk_steps=True, set_alpha_to_one=True)),
     "dpmpp-2m": (DPMSolverPP2M, DPMSolverMultistepScheduler, dict()),
+    "dpmpp-3m": (DPMSolverPP2M, DPMSolverMultistepScheduler, dict(solver_order=3)),
 }
 FLOW_PAIRS = {
     "flow-euler": (FlowMatchSolverScheduler, FlowMatchEulerDiscreteScheduler, dict(), dict(solver="euler")),
@@ -116,7 +117,7 @@ def test_add_noise_and_velocity_match_diffusers(name, beta_schedule):
     ours.set_timesteps(10)
     ref.set_timesteps(10)
     t = ref.timesteps[[0, 2, 5, 8, 9]]
-    if name != "dpmpp-2m":
+    if not name.startswith("dpmpp"):
         t = torch.tensor([0, 10, 500, 900, 999])
     torch.testing.assert_close(ours.add_noise(x0, eps, t), ref.add_noise(x0, eps, t), atol=1e-6, rtol=0)
     if hasattr(ref, "get_velocity"):
@@ -203,7 +204,7 @@ def _img2img(sched, steps, strength, x0, noise, model, begin=True):
     return _run(sched, x, model, ts), int(ts[0])
 
 
-@pytest.mark.parametrize("name", ["ddim", "dpmpp-2m", "flow-euler", "flow-heun"])
+@pytest.mark.parametrize("name", ["ddim", "dpmpp-2m", "dpmpp-3m", "flow-euler", "flow-heun"])
 @pytest.mark.parametrize("strength", [1.0, 0.6, 0.3])
 @pytest.mark.parametrize("begin", [True, False])
 def test_img2img_matches_diffusers(name, strength, begin):
