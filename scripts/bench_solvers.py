@@ -88,7 +88,7 @@ SOLVERS = {
     "diffusers:UniPC (karras)": (lambda: UniPCMultistepScheduler(**VP, use_karras_sigmas=True), same, False),
     "diffusers:UniPC (trailing)": (lambda: UniPCMultistepScheduler(**VP, timestep_spacing="trailing"), same, False),
 }
-FITTED = ("dpmpp-2m", "plms")
+FITTED = ("dpmpp-2m", "dpmpp-3m", "plms")
 
 
 def run_solver(sched, oracle, x_T, steps=None, timesteps=None):

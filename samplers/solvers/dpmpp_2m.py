@@ -249,7 +249,7 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             raise ValueError("custom timesteps/sigmas replace use_lu_lambdas: load the config with use_lu_lambdas=False")
         vp_sig = _vp_sigmas(self.alphas_cumprod)
         if timesteps is None and sigmas is None and not cfg.use_lu_lambdas:
-            timesteps = fitted_or_default(cfg, "dpmpp-2m", num_inference_steps)
+            timesteps = fitted_or_default(cfg, f"dpmpp-{cfg.solver_order}m", num_inference_steps)
         if timesteps is not None:
             ts = custom_timesteps(timesteps, T)
             sig = vp_sig[ts]
