@@ -1,0 +1,61 @@
+"""scripts/bench_caching.py: the head-to-head reading, --extra parsing, and one tiny end-to-end run."""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_caching.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_caching", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(cache, speedup, psnr, model="pixart", steps=20):
+    return dict(model=model, steps=steps, cache=cache, speedup=speedup, psnr=psnr)
+
+
+def test_head_to_head_takes_our_fastest_row_at_equal_or_better_psnr(bench):
+    rows = [
+        _row("uncached", 1.0, math.inf),
+        _row("never-skip", 0.99, math.inf),
+        _row("block:a", 1.9, 40.0),  # faster but below their PSNR: not eligible
+        _row("block:b", 1.5, 50.0),
+        _row("block:c", 1.7, 45.0),  # the fastest eligible one
+        _row("block:d", 3.0, math.inf),  # skipped nothing (PSNR inf): not eligible
+        _row("block:e", 5.0, 60.0, steps=50),  # other step count
+        _row("diffusers FirstBlockCache(0.1)", 1.6, 45.0),
+        _row("diffusers TaylorSeer", 1.0, math.inf),  # skipped nothing: no comparison row
+        _row("diffusers FirstBlockCache(0.3)", 2.5, 70.0),  # nothing of ours reaches 70 dB
+    ]
+    out = bench.head_to_head(rows)
+    assert [r["theirs"] for r in out] == ["diffusers FirstBlockCache(0.1)", "diffusers FirstBlockCache(0.3)"]
+    assert out[0]["ours"] == "block:c" and out[0]["ratio"] == round(1.7 / 1.6, 2)
+    assert out[1]["ours"] is None and out[1]["ratio"] is None
+
+
+def test_bad_extra_spec_is_a_one_line_usage_error(bench, capsys):
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--extra", "block:treshold=0.2", "--models", "digits"])
+    assert err.value.code == 2
+    assert "--extra: bad cache option 'treshold=0.2'" in capsys.readouterr().err
+
+
+def test_tiny_run_writes_rows_plot_and_head_to_head(bench, tmp_path):
+    out = tmp_path / "c"
+    assert bench.main(["--models", "digits", "--steps", "3", "--repeats", "1", "--digit-repeats", "1",
+                       "--caches", "none", "--extra", "block:threshold=10,warmup_steps=1", "--no-diffusers",
+                       "--out", str(out)]) == 0
+    rows = json.loads((out / "caching.json").read_text())
+    assert [r["cache"] for r in rows] == ["uncached", "never-skip", "block:threshold=10,warmup_steps=1"]
+    assert all(r["model"] == "digits" and r["steps"] == 3 for r in rows)
+    assert rows[1]["psnr"] == math.inf  # never-skip reproduces uncached exactly
+    assert rows[2]["psnr"] < math.inf  # the --extra config skipped blocks
+    assert (out / "caching.png").stat().st_size > 0
+    assert json.loads((out / "head_to_head.json").read_text()) == []  # no diffusers rows
