@@ -259,9 +259,10 @@ class _UpsampleHandoff:
     the size) and block i+1 upsamples each slice just before its concatenation, so the full-size
     upsampled tensor never exists. Exact: Upsample2D (interpolation + convolution) is per frame.
 
-    Deferral happens only inside a call of the UNet (a forward pre-hook opens the window), when both
-    blocks still run our forward (no cache hook or torch hook wraps either) and FreeU is off; the
-    UNet's forward hook checks that the next block took the tensor, so a broken chain fails loudly.
+    Deferral happens only inside a call of the UNet without autograd (a forward pre-hook opens the
+    window), when both blocks still run our forward (no cache hook or torch hook wraps either) and
+    FreeU is off; the UNet's forward hook checks that the next block took the tensor, so a broken chain
+    fails loudly.
     """
 
     def __init__(self, up_blocks):
@@ -285,8 +286,12 @@ class _UpsampleHandoff:
         return ours and not freeu and not block._forward_hooks and not block._forward_pre_hooks
 
     def can_defer(self, block) -> bool:
+        # Not with autograd on: gradient checkpointing re-runs a block outside the UNet's call, where
+        # the handoff is closed, and would then see a pre-upsample input (pipelines run without grad).
+        if torch.is_grad_enabled() or not self.in_call:
+            return False
         i = next((k for k, b in enumerate(self.up_blocks) if b is block), None)
-        if not self.in_call or i is None or i + 1 >= len(self.up_blocks) or len(block.upsamplers or []) != 1:
+        if i is None or i + 1 >= len(self.up_blocks) or len(block.upsamplers or []) != 1:
             return False
         return self._plain(block) and self._plain(self.up_blocks[i + 1])
 

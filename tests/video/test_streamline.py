@@ -162,3 +162,18 @@ def test_streamline_composes_with_deepcache_in_either_order(unet, streamline_fir
     assert [torch.equal(a, b) for a, b in zip(ref, plain)] == [True, True, False, True]  # step 3 is cached
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_no_upsample_handoff_with_autograd_on(unet, monkeypatch):
+    """With gradients enabled (training, gradient checkpointing) every up block keeps its upsampler."""
+    calls = _spy_cat_resnet(monkeypatch)
+    x, t, ehs = motion_inputs(batch=1, frames=16, size=8)
+    with torch.no_grad():
+        ref = unet(x, t, ehs).sample
+    video.streamline(unet, slices=4, temporal_slices=2)
+    try:
+        got = unet(x, t, ehs).sample
+    finally:
+        video.unstreamline(unet)
+    assert calls and not any(handed for _, handed in calls)
+    torch.testing.assert_close(got.detach(), ref, atol=2e-5, rtol=1e-4)
