@@ -113,8 +113,10 @@ class _BlockForward:
     """
 
     def __init__(self, adapter: DLMAdapter, mode: str, refresh_every: int, cfg_scale: float,
-                 prompt_length: int, attention_mask, position_ids):
+                 prompt_length: int, attention_mask, position_ids, cut: bool = False):
         self.adapter, self.mode, self.refresh_every = adapter, mode, refresh_every
+        # Feed `x[:, :end]` only: exact for a block-causal model, an opt-in approximation otherwise.
+        self.cut = adapter.block_causal or cut
         self.cfg_scale, self.prompt_length = cfg_scale, prompt_length
         self.attention_mask, self.position_ids = attention_mask, position_ids
         self.cache = None
@@ -161,7 +163,7 @@ class _BlockForward:
     def _inputs(self, x, end, live):
         """The model's input: `x`, its attention mask and positions, cut to `:end` for a
         block-causal model and to the `live` rows."""
-        return _select(x, self.attention_mask, self.position_ids, end if self.adapter.block_causal else None, live)
+        return _select(x, self.attention_mask, self.position_ids, end if self.cut else None, live)
 
     def _cache_for(self, live):
         """The cache restricted to the `live` rows. Rows only ever leave within a block, so the
@@ -195,7 +197,7 @@ class _BlockForward:
         a = self.adapter
         mask = None if self.attention_mask is None else self.attention_mask.repeat_interleave(k, dim=0)
         pos = None if self.position_ids is None else self.position_ids.repeat_interleave(k, dim=0)
-        x, mask, pos = _select(x, mask, pos, end if a.block_causal else None, None)
+        x, mask, pos = _select(x, mask, pos, end if self.cut else None, None)
         if self.mode == "none" or self.cache is None:
             return a.align(self._full(x, mask, pos, keep_cache=False), 0, start, end)
         if self._repeated is None or self._repeated[0] != k:
@@ -380,6 +382,7 @@ def generate(
     cache_refresh_every: int = 0,
     cfg_scale: float = 0.0,
     cache_across_blocks: bool = False,
+    cut_trailing_masks: bool = False,
     eos_early_stop: bool | None = None,
     shift_logits: bool | None = None,
     callback: Callable[[StepTrace], None] | None = None,
@@ -419,6 +422,12 @@ def generate(
             and what follows it are recomputed, the prompt's and earlier blocks' K/V are reused.
             An approximation like the cache itself (those K/V were computed while later positions
             were masks); with one block, or `kv_cache="none"`, it changes nothing.
+        cut_trailing_masks: feed the model only up to the current block's end (`x[:, :block_end]`)
+            even when it does not declare itself block-causal. The masked blocks after the current
+            one are then never computed (fewer forward tokens); for a bidirectional model (LLaDA,
+            Dream, the built-in tiny model) this changes the logits, since its positions attended to
+            those masks: an approximation, off by default. Block-causal models are cut anyway
+            (exactly). Not available for ensemble samplers (`hex`).
         cfg_scale: LLaDA classifier-free guidance weight (0 is off).
         eos_early_stop: once a finished block holds EOS, fill the rest of that row with EOS and stop
             decoding it (dInfer); the other rows go on. None (default): on when the EOS id is known
@@ -439,6 +448,8 @@ def generate(
     steps = gen_length if steps is None else steps
     policy = get_sampler(sampler, **(sampler_config or {}))
     if policy.ensemble:
+        if cut_trailing_masks:
+            raise ValueError("cut_trailing_masks is not supported with an ensemble sampler (hex); drop it")
         # HEX decides over whole generations: each expert is a call of this function with its own
         # block length (`block_length` is not used: the experts' block lengths are the config's).
         from dlm.ensemble import hex_generate
@@ -502,7 +513,8 @@ def generate(
             break
         sub_mask = None if full_mask is None else full_mask[rows]
         sub_pos = None if positions is None else positions[rows]
-        forward = _BlockForward(adapter, kv_cache, cache_refresh_every, cfg_scale, prompt_length, sub_mask, sub_pos)
+        forward = _BlockForward(adapter, kv_cache, cache_refresh_every, cfg_scale, prompt_length, sub_mask, sub_pos,
+                                cut=cut_trailing_masks)
         forward.want_hidden = policy.needs_hidden_states
         if previous is not None:
             forward.carried = _carry_cache(*previous, rows)
@@ -567,7 +579,7 @@ def generate(
                     trace.append(record)
             step += 1
         forward_tokens += forward.forward_tokens
-        if cache_across_blocks and not adapter.block_causal:  # a block-causal cache ends at `end`
+        if cache_across_blocks and not forward.cut:  # a cut forward's cache ends at `end`
             previous = (forward, rows, start)
         steps_per_block.append(used)
         steps_left -= used

@@ -46,7 +46,9 @@ class SamplerSpec:
     """One entry of `--samplers`: `name[:key=value[:key=value...]]`.
 
     `kv=none|prefix|dual` picks the KV cache for this entry (else the run's `--kv-cache`);
-    `xblock=1` (with a cache) extends the cache from block to block (`generate(cache_across_blocks=True)`); other
+    `xblock=1` (with a cache) extends the cache from block to block (`generate(cache_across_blocks=True)`);
+    `cut=1` feeds the model only up to the current block's end (`generate(cut_trailing_masks=True)`,
+    an approximation for bidirectional models); other
     keys override the sampler's config (`threshold:tau=0.7`) or, for the diffusers baselines, the
     pipeline's keywords (`diffusers-llada2:threshold=0.9`). `label` is the entry as written.
     """
@@ -56,6 +58,7 @@ class SamplerSpec:
     options: tuple = ()
     kv_cache: str | None = None
     cache_across_blocks: bool = False
+    cut_trailing_masks: bool = False
 
     @property
     def is_diffusers(self) -> bool:
@@ -81,7 +84,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         name, *opts = entry.split(":")
         if name not in known:
             raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(known)}")
-        options, kv, xblock = [], None, False
+        options, kv, xblock, cut = [], None, False, False
         for opt in opts:
             if "=" not in opt:
                 raise ValueError(f"sampler option {opt!r} in {entry!r} must be key=value")
@@ -94,19 +97,28 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                 if value not in ("0", "1"):
                     raise ValueError(f"xblock={value!r} in {entry!r}: must be 0 or 1")
                 xblock = value == "1"
+            elif key == "cut":
+                if value not in ("0", "1"):
+                    raise ValueError(f"cut={value!r} in {entry!r}: must be 0 or 1")
+                cut = value == "1"
             else:
                 options.append((key, parse_option_value(value)))
         if entry in seen:
             raise ValueError(f"sampler {entry!r} is listed twice")
         seen.add(entry)
-        spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv, cache_across_blocks=xblock)
+        spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv, cache_across_blocks=xblock,
+                           cut_trailing_masks=cut)
+        if cut and spec.is_diffusers:
+            raise ValueError(f"{entry!r}: cut=1 is an option of our engine; diffusers' pipeline always cuts at the block end")
         if xblock and (spec.is_diffusers or kv in (None, "none")):
             raise ValueError(f"{entry!r}: xblock=1 extends a KV cache; add kv=prefix or kv=dual")
         if spec.is_diffusers and kv not in (None, "none"):
             raise ValueError(f"{entry!r}: diffusers' LLaDA2Pipeline has no KV cache (drop kv=)")
         if not spec.is_diffusers:
             from samplers import get_sampler
-            get_sampler(name, **spec.option_dict)  # validates the config now, not mid-run
+            policy = get_sampler(name, **spec.option_dict)  # validates the config now, not mid-run
+            if cut and policy.ensemble:
+                raise ValueError(f"{entry!r}: cut=1 is not supported with an ensemble sampler; drop it")
         specs.append(spec)
     return specs
 
@@ -409,7 +421,8 @@ class _Runner:
                                extract=extract, **kw)
         else:
             out = dlm.generate(self.model, input_ids, gen_length=cfg.gen_length, block_length=cfg.block_length,
-                               steps=budget, sampler=policy, cache_across_blocks=spec.cache_across_blocks, **kw)
+                               steps=budget, sampler=policy, cache_across_blocks=spec.cache_across_blocks,
+                               cut_trailing_masks=spec.cut_trailing_masks, **kw)
         gen = out.sequences[:, input_ids.shape[1]:]
         return gen, per_row.tolist(), out.nfe, out.forward_tokens, out.seconds, per_row_branches.tolist(), out.experts
 

@@ -194,3 +194,33 @@ def test_cache_across_blocks_skips_the_prefix_and_is_deterministic(tiny, mode):
 def test_cache_across_blocks_needs_a_cache(tiny):
     with pytest.raises(ValueError, match="kv_cache='prefix'"):
         dlm.generate(tiny, torch.tensor([[5, 6, 7]]), gen_length=8, cache_across_blocks=True)
+
+
+@pytest.mark.parametrize("sampler", ["confidence", "threshold"])
+def test_cut_trailing_masks_feeds_a_bidirectional_model_up_to_the_block_end(sampler):
+    """Opt-in: a model that does not declare itself block-causal is cut like one. On a causal model
+    (where the cut is exact) the tokens equal the uncut run's; the forward tokens drop."""
+    ids = torch.randint(0, 13, (2, 4), generator=torch.Generator().manual_seed(6))
+    kw = dict(gen_length=24, block_length=8, steps=12, sampler=sampler)
+    undeclared = Undeclared(CausalToy(seed=3))
+    cut = dlm.generate(undeclared, ids, cut_trailing_masks=True, **kw)
+    assert {c.shape[1] for c in undeclared.inner.calls} == {12, 20, 28}  # prompt 4 + 8, 16, 24
+    whole = dlm.generate(Undeclared(CausalToy(seed=3)), ids, **kw)
+    assert torch.equal(cut.sequences, whole.sequences)
+    assert cut.forward_tokens < whole.forward_tokens
+    bidirectional = ToyDLM()
+    dlm.generate(bidirectional, torch.tensor([[1, 2, 3, 4]]), gen_length=16, block_length=8, steps=4,
+                 cut_trailing_masks=True)
+    assert {c.shape[1] for c in bidirectional.calls} == {12, 20}
+
+
+def test_cut_trailing_masks_bad_uses():
+    with pytest.raises(ValueError, match="ensemble"):
+        dlm.generate(ToyDLM(), torch.tensor([[1, 2, 3, 4]]), gen_length=16, steps=16, sampler="hex",
+                     cut_trailing_masks=True)
+    from dlm.bench.harness import parse_sampler_specs
+    assert parse_sampler_specs("threshold:kv=dual:cut=1")[0].cut_trailing_masks
+    for bad, msg in (("threshold:cut=2", "must be 0 or 1"), ("diffusers-llada2:cut=1", "option of our engine"),
+                     ("hex:cut=1", "ensemble")):
+        with pytest.raises(ValueError, match=msg):
+            parse_sampler_specs(bad)
