@@ -1,20 +1,15 @@
 """scripts/bench_caching.py: the head-to-head reading, --extra parsing, and one tiny end-to-end run."""
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_caching.py"
+from script_loader import load_script  # tests/script_loader.py (tests/ is on sys.path)
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_caching", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_caching.py")
 
 
 def _row(cache, speedup, psnr, model="pixart", steps=20):

@@ -1,21 +1,16 @@
 """scripts/eval_tiny_dlm.py: per-suite curves over several step budgets, on 2 examples per task."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from dlm.tasks import get_task
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_tiny_dlm.py"
+from script_loader import load_script  # tests/script_loader.py (tests/ is on sys.path)
 
 
 @pytest.fixture(scope="module")
 def eval_script():
-    spec = importlib.util.spec_from_file_location("eval_tiny_dlm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("eval_tiny_dlm.py")
 
 
 def run(eval_script, tmp_path, *extra):

@@ -1,7 +1,5 @@
 """The training script only ever sees the train split, and its task-weight option fails loudly."""
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -9,15 +7,12 @@ import torch
 from dlm.tasks import PROMPT_SUFFIX, get_suite, split_of
 from dlm.tiny import TinyCharTokenizer
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_tiny_dlm.py"
+from script_loader import load_script  # tests/script_loader.py (tests/ is on sys.path)
 
 
 @pytest.fixture(scope="module")
 def train_script():
-    spec = importlib.util.spec_from_file_location("train_tiny_dlm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_tiny_dlm.py")
 
 
 def test_training_batches_hold_only_train_split_prompts(train_script):
