@@ -73,6 +73,7 @@ SOLVERS = {
     "ours:dpmpp-2m (use_lu_lambdas)": (_ours("dpmpp-2m", use_lu_lambdas=True), same, True),
     "ours:dpmpp-3m": (_ours("dpmpp-3m"), same, True),
     "ours:dpmpp-3m (use_lu_lambdas)": (_ours("dpmpp-3m", use_lu_lambdas=True), same, True),
+    "ours:unipc": (_ours("unipc"), same, True),
     "diffusers:DDIM": (lambda: DDIMScheduler(**VP, clip_sample=False, set_alpha_to_one=True), same, False),
     "diffusers:DDIM (trailing)": (
         lambda: DDIMScheduler(**VP, clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing"), same, False),
@@ -88,7 +89,7 @@ SOLVERS = {
     "diffusers:UniPC (karras)": (lambda: UniPCMultistepScheduler(**VP, use_karras_sigmas=True), same, False),
     "diffusers:UniPC (trailing)": (lambda: UniPCMultistepScheduler(**VP, timestep_spacing="trailing"), same, False),
 }
-FITTED = ("dpmpp-2m", "dpmpp-3m", "plms")
+FITTED = ("dpmpp-2m", "dpmpp-3m", "unipc", "plms")
 
 
 def run_solver(sched, oracle, x_T, steps=None, timesteps=None):

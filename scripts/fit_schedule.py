@@ -30,7 +30,7 @@ from samplers.solvers.schedules import SCHEDULE_DIR, fit_timesteps, save_schedul
 
 # The oracles' schedule (linear betas, T = 1000), the one scripts/bench_solvers.py uses.
 GMM_VP = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear")
-FITTABLE = ("ddim", "plms", "dpmpp-2m", "dpmpp-3m")
+FITTABLE = ("ddim", "plms", "dpmpp-2m", "dpmpp-3m", "unipc")
 
 
 def steps_for_nfe(solver: str, nfe: int) -> int:

@@ -249,7 +249,7 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             raise ValueError("custom timesteps/sigmas replace use_lu_lambdas: load the config with use_lu_lambdas=False")
         vp_sig = _vp_sigmas(self.alphas_cumprod)
         if timesteps is None and sigmas is None and not cfg.use_lu_lambdas:
-            timesteps = fitted_or_default(cfg, f"dpmpp-{cfg.solver_order}m", num_inference_steps)
+            timesteps = fitted_or_default(cfg, self._schedule_key(), num_inference_steps)
         if timesteps is not None:
             ts = custom_timesteps(timesteps, T)
             sig = vp_sig[ts]
@@ -270,6 +270,10 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self._step_index = None
         self._begin_index = None
         self._history = []  # (x0 prediction, alpha_bar) of the previous steps, newest first
+
+    def _schedule_key(self) -> str:
+        """Key of this solver's grids in a fitted-schedule file."""
+        return f"dpmpp-{self.config.solver_order}m"
 
     @property
     def step_index(self):

@@ -85,6 +85,13 @@ SOLVERS: Dict[str, SolverSpec] = {
         "",
         "DPM-Solver++ 3M (data prediction, multistep order 3), NFE = N",
     ),
+    "unipc": SolverSpec(
+        "samplers.solvers.unipc:UniPCSolver",
+        {},
+        "vp",
+        "",
+        "UniPC (bh2 predictor-corrector, data prediction, order 2), NFE = N",
+    ),
     "flow-euler": SolverSpec(
         "samplers.solvers.flow:FlowMatchSolverScheduler",
         {"solver": "euler", "leap_tolerance": None},

@@ -111,6 +111,46 @@ def test_dpmpp_multistep_matches_diffusers(steps, cfg, order):
     torch.testing.assert_close(a, b, **_tol(torch.float32))
 
 
+@pytest.mark.parametrize("steps", [5, 10, 20, 50])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {},
+        {"solver_order": 3},
+        {"timestep_spacing": "trailing"},
+        {"final_sigmas_type": "sigma_min", "lower_order_final": False},
+        {"disable_corrector": [0, 2]},
+        {"prediction_type": "v_prediction"},
+    ],
+)
+def test_unipc_matches_diffusers(steps, cfg):
+    from diffusers import UniPCMultistepScheduler
+    from samplers.solvers.unipc import UniPCSolver
+
+    x = _noise(torch.float32)
+    ref = UniPCMultistepScheduler(**cfg)
+    ours = UniPCSolver.from_config(ref.config)
+    a, b = _loop(ours, steps, x), _loop(ref, steps, x)
+    assert ours.timesteps.tolist() == ref.timesteps.tolist()
+    torch.testing.assert_close(a, b, **_tol(torch.float32))
+
+
+def test_unipc_corrector_changes_the_result_and_bad_configs():
+    from diffusers import UniPCMultistepScheduler
+    from samplers.solvers.unipc import UniPCSolver
+
+    x = _noise(torch.float32)
+    with_c = _loop(UniPCSolver(), 10, x)
+    without = _loop(UniPCSolver(disable_corrector=list(range(10))), 10, x)
+    assert (with_c - without).abs().max() > 1e-3  # the corrector is not a no-op
+    with pytest.raises(ValueError, match="predict_x0=True"):
+        UniPCSolver.from_config(UniPCMultistepScheduler(predict_x0=False).config)
+    with pytest.raises(ValueError, match="solver_type"):
+        UniPCSolver(solver_type="midpoint")
+    with pytest.raises(ValueError, match="use_karras_sigmas"):
+        UniPCSolver(use_karras_sigmas=True)
+
+
 def test_dpmpp_2m_lu_lambdas_grid_matches_diffusers():
     # Same timesteps (the samples are compared in test_scheduler_common.py).
     ref = DPMSolverMultistepScheduler(use_lu_lambdas=True)
@@ -284,7 +324,7 @@ def test_lpl_leaps_and_saves_calls():
 
 # ---------------------------------------------------------------- bad input
 def test_registry_and_bad_input():
-    assert {"ddim", "pndm", "plms", "dpmpp-2m", "flow-euler", "flow-heun", "flow-lpl"} <= set(SOLVERS)
+    assert {"ddim", "pndm", "plms", "dpmpp-2m", "dpmpp-3m", "unipc", "flow-euler", "flow-heun", "flow-lpl"} <= set(SOLVERS)
     with pytest.raises(ValueError, match="valid names: .*pndm"):
         get_solver("pndm2")
     for name in ("ddim", "pndm", "plms", "dpmpp-2m", "flow-euler"):
