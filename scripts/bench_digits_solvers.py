@@ -50,6 +50,8 @@ OURS = {
     "dpmpp-2m-lu": ("dpmpp-2m", {"use_lu_lambdas": True}),
     "plms+fitted": ("plms", {"fitted_schedule": "digits"}),
     "dpmpp-2m+fitted": ("dpmpp-2m", {"fitted_schedule": "digits"}),
+    "unipc": ("unipc", {}),
+    "unipc+fitted": ("unipc", {"fitted_schedule": "digits"}),
 }
 
 
