@@ -225,6 +225,11 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             raise ValueError(f"final_sigmas_type must be 'zero' or 'sigma_min', got {final_sigmas_type!r}")
         if fitted_schedule is not None:
             load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
+        self._init_state(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr)
+
+    def _init_state(self, num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas,
+                    rescale_betas_zero_snr) -> None:
+        """Noise schedule and empty step state (shared with ``UniPCSolver``)."""
         self.alphas_cumprod = make_alphas_cumprod(
             num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
         )
@@ -237,7 +242,10 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self.sigmas = None
         self._step_index = None
         self._begin_index = None
-        self._history = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._history = []  # (x0 prediction, alpha_bar) of the previous steps, newest first
 
     def set_timesteps(self, num_inference_steps: Optional[int] = None, device=None, timesteps=None, sigmas=None):
         """Grid from ``num_inference_steps`` (diffusers' spacing) or a custom ``timesteps`` / VP ``sigmas``
@@ -269,7 +277,7 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self.timesteps = torch.from_numpy(ts).to(device)
         self._step_index = None
         self._begin_index = None
-        self._history = []  # (x0 prediction, alpha_bar) of the previous steps, newest first
+        self._reset()
 
     def _schedule_key(self) -> str:
         """Key of this solver's grids in a fitted-schedule file."""

@@ -33,10 +33,9 @@ import math
 from typing import List, Optional, Sequence
 
 import numpy as np
-import torch
 from diffusers.configuration_utils import register_to_config
 
-from samplers.solvers._vp import SolverOutput, as_index, check_off, check_prediction_type, make_alphas_cumprod, to_eps_x0
+from samplers.solvers._vp import SolverOutput, as_index, check_off, check_prediction_type, to_eps_x0
 from samplers.solvers.dpmpp_2m import DPMSolverPP2M
 from samplers.solvers.schedules import load_schedule
 
@@ -152,17 +151,7 @@ class UniPCSolver(DPMSolverPP2M):
             raise ValueError(f"final_sigmas_type must be 'zero' or 'sigma_min', got {final_sigmas_type!r}")
         if fitted_schedule is not None:
             load_schedule(fitted_schedule)
-        self.alphas_cumprod = make_alphas_cumprod(
-            num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr)
-        if rescale_betas_zero_snr:
-            self.alphas_cumprod[-1] = 2.0**-24
-        self.init_noise_sigma = 1.0
-        self.num_inference_steps = None
-        self.timesteps = torch.from_numpy(np.arange(num_train_timesteps)[::-1].copy())
-        self.sigmas = None
-        self._step_index = None
-        self._begin_index = None
-        self._reset()
+        self._init_state(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr)
 
     def _schedule_key(self) -> str:
         return "unipc"
@@ -172,10 +161,6 @@ class UniPCSolver(DPMSolverPP2M):
         self._last = None  # (sample the last predictor started from, its alpha_bar)
         self._order = 0  # order of the last predictor step
         self._warm = 0  # steps taken (the order grows with them)
-
-    def set_timesteps(self, num_inference_steps: Optional[int] = None, device=None, timesteps=None, sigmas=None):
-        super().set_timesteps(num_inference_steps, device=device, timesteps=timesteps, sigmas=sigmas)
-        self._reset()
 
     def step(self, model_output, timestep, sample, generator=None, return_dict: bool = True, **kw):
         if self.num_inference_steps is None:
