@@ -127,6 +127,16 @@ The mean at one token per step keeps rising with CPU time (v1 39.6 -> stage 6 56
 at n = 50 / 24), most on puzzles; list edits are still slightly inverted (64.2 vs 68.0) and the
 issue's targets (mean 70, list edits 90, arithmetic 50) are not met. A step-3,173 snapshot of stage 8
 scored 55.6 at TPF 1 (n = 24): the gain came late, at low learning rate.
+
+Stage 9 (an experiment after v2 shipped, not shipped: every v2 table in docs/ is stage 8's): 40 min
+more from stage 8 with arithmetic up-weighted (6) and lr 2e-4, 4,150 steps. Same eval, n = 50:
+list edits 66.4 / 68.0, arithmetic 22.0 / 18.0, puzzles 86.0 / 56.0, mean 66.0 / 61.8 (stage 8: 63.7 /
+61.0). A candidate for the next checkpoint, with the docs' tables re-run on it:
+
+    python scripts/train_tiny_dlm.py --init /tmp/stage8 --out /tmp/stage9 --max-minutes 40 \
+        --threads 1 --lr 2e-4 --warmup 100 --min-mask-ratio 0 --loss-weighting row-mean \
+        --task-weights reverse=1,sort=2,insert_index=1,remove_index=1,replace_index=1,arithmetic=6,sudoku=1,latin=1 \
+        --seed 9 --save-every-min 10 --eval-every-min 1000
 """
 from __future__ import annotations
 
