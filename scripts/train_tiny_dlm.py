@@ -129,7 +129,7 @@ issue's targets (mean 70, list edits 90, arithmetic 50) are not met. A step-3,17
 scored 55.6 at TPF 1 (n = 24): the gain came late, at low learning rate.
 
 Stage 9 (an experiment after v2 shipped, not shipped: every v2 table in docs/ is stage 8's): 40 min
-more from stage 8 with arithmetic up-weighted (6) and lr 2e-4, 4,150 steps. Same eval, n = 50:
+more from stage 8 with arithmetic up-weighted (6) and lr 2e-4, 4,107 steps. Same eval, n = 50:
 list edits 66.4 / 68.0, arithmetic 22.0 / 18.0, puzzles 86.0 / 56.0, mean 66.0 / 61.8 (stage 8: 63.7 /
 61.0). A candidate for the next checkpoint, with the docs' tables re-run on it:
 
