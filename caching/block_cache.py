@@ -40,8 +40,8 @@ class BlockCacheConfig:
     first_blocks: blocks always computed at the start (the probe). last_blocks: always computed at the
     end (0 by default, as cache-dit's DBCache and diffusers' FirstBlockCache: on every model of
     docs/caching.md's sweep it bought more speed than fidelity, e.g. PixArt 20 steps 2.07x at 65.8 dB
-    with 0 vs 1.66x at 66.5 dB with 1). threshold: relative L1 change of the probe residual under which the middle is reused (0: never
-    skip). warmup_steps: steps always computed first. max_cached_steps: longest run of skipped steps.
+    with 0 vs 1.66x at 66.5 dB with 1). threshold: relative L1 change of the probe residual under
+    which the middle is reused (0: never skip). warmup_steps: steps always computed first. max_cached_steps: longest run of skipped steps.
     taylor: 0 reuses the cached middle residual, 1 forecasts it to first order from the last two
     computed steps (TaylorSeer-style).
     """

@@ -60,11 +60,11 @@ def ours(kind: str, steps: int) -> dict:
         for g in dict.fromkeys((gate, max(2, steps // 4))):
             out[f"tgate:gate_step={g}"] = caching.TGateConfig(gate_step=g, cond_index=0 if kind == "digits" else 1)
     out = {k: v for k, v in out.items() if ONLY is None or k == "never-skip" or k.split(":")[0] in ONLY}
-    for spec in EXTRA:  # --extra: operating points named on the command line
+    for spec, cfg in EXTRA.items():  # --extra: operating points named on the command line
         name = spec.split(":")[0]
         if (name == "block" and unet) or (name == "rehash" and not unet) or (name == "tgate" and kind == "sd3"):
             continue  # block needs transformer blocks, rehash a UNet, T-GATE cross-attention
-        out[spec] = caching.parse_spec(spec)
+        out[spec] = cfg
     return out
 
 
@@ -98,7 +98,7 @@ LATENT_SIZE = {"unet-sd": 16}
 DIGIT_REPEATS = 3  # set by --digit-repeats
 WITH_DIFFUSERS = True  # unset by --no-diffusers
 ONLY = None  # set by --caches: names of our caches to run
-EXTRA: list = []  # set by --extra: more of our configs, as cache specs
+EXTRA: dict = {}  # set by --extra: more of our configs, cache spec -> parsed config
 DIFFUSERS_SWEEP = False  # set by --diffusers-sweep
 
 
@@ -203,9 +203,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     global REPEATS, DIGIT_REPEATS, WITH_DIFFUSERS, ONLY, EXTRA, DIFFUSERS_SWEEP
     try:
-        EXTRA = [s.strip() for s in args.extra.split(";") if s.strip()]
-        for spec in EXTRA:
-            caching.parse_spec(spec)
+        EXTRA = {s.strip(): caching.parse_spec(s.strip()) for s in args.extra.split(";") if s.strip()}
     except ValueError as err:
         ap.error(f"--extra: {err}")
     DIFFUSERS_SWEEP = args.diffusers_sweep

@@ -250,6 +250,11 @@ def _spatiotemporal_res_forward(mod, slices):
     return forward
 
 
+def _freeu_on(up_block) -> bool:
+    """FreeU is enabled on this up block (``enable_freeu`` sets all four factors)."""
+    return all(getattr(up_block, k, None) for k in ("s1", "s2", "b1", "b2"))
+
+
 class _UpsampleHandoff:
     """Moves an up block's upsampler into the next up block's first ResNet slice loop (operator grouping).
 
@@ -281,9 +286,8 @@ class _UpsampleHandoff:
                                "took it; call video.unstreamline and report the model")
 
     def _plain(self, block) -> bool:
-        freeu = all(getattr(block, k, None) for k in ("s1", "s2", "b1", "b2"))
         ours = block.__dict__.get("forward") is self.forwards.get(id(block))
-        return ours and not freeu and not block._forward_hooks and not block._forward_pre_hooks
+        return ours and not _freeu_on(block) and not block._forward_hooks and not block._forward_pre_hooks
 
     def can_defer(self, block) -> bool:
         # Not with autograd on: gradient checkpointing re-runs a block outside the UNet's call, where
@@ -321,7 +325,7 @@ def _up_motion_forward(mod, slices, handoff=None):
     def forward(hidden_states, res_hidden_states_tuple, temb=None, encoder_hidden_states=None,
                 cross_attention_kwargs=None, upsample_size=None, attention_mask=None,
                 encoder_attention_mask=None, num_frames=1, *args, **kwargs):
-        if all(getattr(mod, k, None) for k in ("s1", "s2", "b1", "b2")):  # FreeU rescales the full tensors
+        if _freeu_on(mod):  # FreeU rescales the full tensors
             extra = {} if not hasattr(mod, "attentions") else dict(
                 encoder_hidden_states=encoder_hidden_states, cross_attention_kwargs=cross_attention_kwargs,
                 attention_mask=attention_mask, encoder_attention_mask=encoder_attention_mask)

@@ -69,6 +69,13 @@ class SamplerSpec:
         return dict(self.options)
 
 
+def _flag(key: str, value: str, entry: str) -> bool:
+    """An engine on/off option of a sampler entry (`xblock=1`, `cut=1`)."""
+    if value not in ("0", "1"):
+        raise ValueError(f"{key}={value!r} in {entry!r}: must be 0 or 1")
+    return value == "1"
+
+
 def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
     """Parse `a,b:key=v,c` into specs; ValueError names an unknown sampler or a malformed option."""
     from samplers import available_samplers
@@ -94,13 +101,9 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                     raise ValueError(f"kv={value!r} in {entry!r}: must be one of {', '.join(KV_MODES)}")
                 kv = value
             elif key == "xblock":
-                if value not in ("0", "1"):
-                    raise ValueError(f"xblock={value!r} in {entry!r}: must be 0 or 1")
-                xblock = value == "1"
+                xblock = _flag(key, value, entry)
             elif key == "cut":
-                if value not in ("0", "1"):
-                    raise ValueError(f"cut={value!r} in {entry!r}: must be 0 or 1")
-                cut = value == "1"
+                cut = _flag(key, value, entry)
             else:
                 options.append((key, parse_option_value(value)))
         if entry in seen:

@@ -311,23 +311,36 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     def _alpha_of_sigma(sigma: float) -> float:
         return 1.0 / (1.0 + sigma * sigma)
 
-    def step(self, model_output, timestep, sample, generator=None, eta: float = 0.0, return_dict: bool = True, **kw):
+    def _begin_step(self, model_output, timestep, sample):
+        """Shared start of ``step`` (also ``UniPCSolver``): ``(i, N, a_s, x, x0)`` with the step index
+        ``i`` of ``N``, the current level ``a_s``, the sample and its data prediction in float64."""
         if self.num_inference_steps is None:
             raise ValueError("call set_timesteps(num_inference_steps) before step()")
-        if eta:
-            raise ValueError("DPM-Solver++ 2M is deterministic; use eta=0 (or DDIMSolver for eta > 0)")
         if self._step_index is None:
             self._step_index = self._init_step_index(as_index(timestep))
-        i = self._step_index
-        N = len(self.timesteps)
+        i, N = self._step_index, len(self.timesteps)
         if i >= N:
             raise ValueError("step() called more times than there are timesteps; call set_timesteps() again")
         if self.config.variance_type in ("learned", "learned_range"):
             model_output = model_output[:, : sample.shape[1]]  # drop the predicted variance channels
         a_s = self._alpha_of_sigma(float(self.sigmas[i]))
-        a_t = self._alpha_of_sigma(float(self.sigmas[i + 1]))
         x = sample.double()
         _, x0 = to_eps_x0(model_output.double(), x, a_s, self.config.prediction_type)
+        return i, N, a_s, x, x0
+
+    def _end_step(self, prev, x0, sample, return_dict: bool):
+        """Shared end of ``step``: advance the index, cast back to the sample's dtype."""
+        self._step_index += 1
+        prev, x0 = prev.to(sample.dtype), x0.to(sample.dtype)
+        if not return_dict:
+            return (prev,)
+        return SolverOutput(prev_sample=prev, pred_original_sample=x0)
+
+    def step(self, model_output, timestep, sample, generator=None, eta: float = 0.0, return_dict: bool = True, **kw):
+        if eta:
+            raise ValueError("DPM-Solver++ 2M is deterministic; use eta=0 (or DDIMSolver for eta > 0)")
+        i, N, a_s, x, x0 = self._begin_step(model_output, timestep, sample)
+        a_t = self._alpha_of_sigma(float(self.sigmas[i + 1]))
         cfg = self.config
         last_low = i == N - 1 and (cfg.euler_at_final or (cfg.lower_order_final and N < 15) or cfg.final_sigmas_type == "zero")
         second_last_low = i == N - 2 and cfg.lower_order_final and N < 15
@@ -339,11 +352,7 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         else:
             prev = dpmpp_3m_update(x, x0, hist, a_s, a_t)
         self._history = [(x0, a_s)] + hist[: cfg.solver_order - 2]
-        self._step_index = i + 1
-        prev, x0 = prev.to(sample.dtype), x0.to(sample.dtype)
-        if not return_dict:
-            return (prev,)
-        return SolverOutput(prev_sample=prev, pred_original_sample=x0)
+        return self._end_step(prev, x0, sample, return_dict)
 
 
 def sample_dpmpp_2m(

@@ -35,14 +35,9 @@ from typing import List, Optional, Sequence
 import numpy as np
 from diffusers.configuration_utils import register_to_config
 
-from samplers.solvers._vp import SolverOutput, as_index, check_off, check_prediction_type, to_eps_x0
-from samplers.solvers.dpmpp_2m import DPMSolverPP2M
+from samplers.solvers._vp import check_off, check_prediction_type
+from samplers.solvers.dpmpp_2m import DPMSolverPP2M, _lam
 from samplers.solvers.schedules import load_schedule
-
-
-def _lam(a: float) -> float:
-    """log-SNR of the level ``alpha_bar = a`` (``0 < a < 1``)."""
-    return 0.5 * (math.log(a) - math.log1p(-a))
 
 
 def _weights(rks: List[float], h: float, order: int, bh: str) -> tuple:
@@ -157,35 +152,21 @@ class UniPCSolver(DPMSolverPP2M):
         return "unipc"
 
     def _reset(self) -> None:
-        self._history = []  # (x0, alpha_bar) of earlier steps, newest first
+        self._history = []  # (x0, alpha_bar) of earlier steps, newest first (at most solver_order)
         self._last = None  # (sample the last predictor started from, its alpha_bar)
         self._order = 0  # order of the last predictor step
-        self._warm = 0  # steps taken (the order grows with them)
 
     def step(self, model_output, timestep, sample, generator=None, return_dict: bool = True, **kw):
-        if self.num_inference_steps is None:
-            raise ValueError("call set_timesteps(num_inference_steps) before step()")
-        if self._step_index is None:
-            self._step_index = self._init_step_index(as_index(timestep))
-        i, N, cfg = self._step_index, len(self.timesteps), self.config
-        if i >= N:
-            raise ValueError("step() called more times than there are timesteps; call set_timesteps() again")
-        a_s = self._alpha_of_sigma(float(self.sigmas[i]))
-        x = sample.double()
-        _, x0 = to_eps_x0(model_output.double(), x, a_s, cfg.prediction_type)
+        i, N, a_s, x, x0 = self._begin_step(model_output, timestep, sample)
+        cfg = self.config
         if self._last is not None and (i - 1) not in set(cfg.disable_corrector or ()):
             last_x, a_prev = self._last  # correct x (reached by the last predictor) with x0 seen at x
             x = unipc_update(last_x, self._history[0][0], a_prev, a_s, self._history[1:], self._order,
                              cfg.solver_type, m_t=x0)
         order = min(cfg.solver_order, N - i) if cfg.lower_order_final else cfg.solver_order
-        order = min(order, self._warm + 1)
+        order = min(order, len(self._history) + 1)  # warm-up: one more earlier prediction per step
         a_t = self._alpha_of_sigma(float(self.sigmas[i + 1]))
         prev = unipc_update(x, x0, a_s, a_t, self._history, order, cfg.solver_type)
         self._history = [(x0, a_s)] + self._history[: cfg.solver_order - 1]
         self._last, self._order = (x, a_s), order
-        self._warm = min(self._warm + 1, cfg.solver_order)
-        self._step_index = i + 1
-        prev, x0 = prev.to(sample.dtype), x0.to(sample.dtype)
-        if not return_dict:
-            return (prev,)
-        return SolverOutput(prev_sample=prev, pred_original_sample=x0)
+        return self._end_step(prev, x0, sample, return_dict)
