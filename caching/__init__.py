@@ -10,6 +10,8 @@ One entry point dispatching on the config type:
 - :class:`TGateConfig` (``caching.tgate``): cross-attention caching after a gate step, CFG dropped;
 - :class:`BlockCacheConfig` (``caching.block_cache``): adaptive middle-block residual caching;
 - :class:`DeepCacheConfig` (``caching.deepcache``): fixed-interval deep-feature / block inheritance;
+- :class:`ForecastConfig` (``caching.module_forecast``): TaylorSeer forecasts of every block's attention and
+  feed-forward outputs, on a fixed or adaptive schedule;
 - :class:`StepRehashConfig` (``caching.step_rehash``): adaptive reuse of a UNet's deep branch (Step Rehash).
 
 No pipeline cooperation is needed (no ``cache_context``): see ``caching._core`` for how calls, steps
@@ -24,15 +26,17 @@ import torch
 from ._core import StepTracker, remove_hooks
 from .block_cache import BlockCacheConfig, apply_block_cache
 from .deepcache import DeepCacheConfig, apply_deepcache
+from .module_forecast import ForecastConfig, apply_forecast
 from .step_rehash import StepRehashConfig, apply_step_rehash
 from .tgate import TGateConfig, apply_tgate
 
 #: CLI names -> config classes (``dlm image --cache NAME[:key=value,...]``)
-CACHES = {"tgate": TGateConfig, "block": BlockCacheConfig, "deepcache": DeepCacheConfig, "rehash": StepRehashConfig}
+CACHES = {"tgate": TGateConfig, "block": BlockCacheConfig, "deepcache": DeepCacheConfig, "rehash": StepRehashConfig,
+          "forecast": ForecastConfig}
 _APPLY = {TGateConfig: apply_tgate, BlockCacheConfig: apply_block_cache, DeepCacheConfig: apply_deepcache,
-          StepRehashConfig: apply_step_rehash}
+          StepRehashConfig: apply_step_rehash, ForecastConfig: apply_forecast}
 
-__all__ = ["CACHES", "BlockCacheConfig", "DeepCacheConfig", "StepRehashConfig", "StepTracker", "TGateConfig", "apply", "denoiser",
+__all__ = ["CACHES", "BlockCacheConfig", "DeepCacheConfig", "ForecastConfig", "StepRehashConfig", "StepTracker", "TGateConfig", "apply", "denoiser",
            "parse_spec", "remove", "reset"]
 
 

@@ -49,6 +49,9 @@ def ours(kind: str, steps: int) -> dict:
         out["block:threshold=0.15,last_blocks=1,taylor=1"] = caching.BlockCacheConfig(
             threshold=0.15, last_blocks=1, warmup_steps=2, max_cached_steps=5, taylor=1)
         out["deepcache:interval=3,taylor=1"] = caching.DeepCacheConfig(interval=3, taylor=1)
+        # per-module forecasts (caching.module_forecast): fixed interval as TaylorSeer, and adaptive
+        out["forecast:interval=4"] = caching.ForecastConfig(interval=4)
+        out["forecast:threshold=0.2,interval=6"] = caching.ForecastConfig(threshold=0.2, interval=6)
     if kind == "sd3":  # the tiny random SD3's probe residual moves by more than 0.2 every step
         out["block:threshold=0.4,last_blocks=1"] = caching.BlockCacheConfig(threshold=0.4, last_blocks=1,
                                                                             warmup_steps=2, max_cached_steps=5)
@@ -62,8 +65,8 @@ def ours(kind: str, steps: int) -> dict:
     out = {k: v for k, v in out.items() if ONLY is None or k == "never-skip" or k.split(":")[0] in ONLY}
     for spec, cfg in EXTRA.items():  # --extra: operating points named on the command line
         name = spec.split(":")[0]
-        if (name == "block" and unet) or (name == "rehash" and not unet) or (name == "tgate" and kind == "sd3"):
-            continue  # block needs transformer blocks, rehash a UNet, T-GATE cross-attention
+        if (name in ("block", "forecast") and unet) or (name == "rehash" and not unet) or (name == "tgate" and kind == "sd3"):
+            continue  # block and forecast need transformer blocks, rehash a UNet, T-GATE cross-attention
         out[spec] = cfg
     return out
 

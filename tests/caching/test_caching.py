@@ -11,21 +11,23 @@ from tests.caching.tiny import sample, tiny_pixart, tiny_sd3, tiny_unet
 
 STEPS = 8
 NEVER_SKIP = [caching.BlockCacheConfig(threshold=0.0), caching.DeepCacheConfig(interval=1),
-              caching.TGateConfig(gate_step=STEPS + 1, self_attn=True, warmup_steps=STEPS + 1)]
+              caching.TGateConfig(gate_step=STEPS + 1, self_attn=True, warmup_steps=STEPS + 1),
+              caching.ForecastConfig(interval=1)]
 SKIPPING = [caching.BlockCacheConfig(threshold=10.0, warmup_steps=2, max_cached_steps=2),
-            caching.DeepCacheConfig(interval=3), caching.TGateConfig(gate_step=3, self_attn=True, sp_interval=2)]
+            caching.DeepCacheConfig(interval=3), caching.TGateConfig(gate_step=3, self_attn=True, sp_interval=2),
+            caching.ForecastConfig(interval=3, warmup_steps=2)]
 MODELS = {"unet": tiny_unet, "pixart": tiny_pixart, "sd3": tiny_sd3}
 
 
 def applies(model, config) -> bool:
-    if isinstance(config, caching.BlockCacheConfig) and hasattr(model, "up_blocks"):
+    if isinstance(config, (caching.BlockCacheConfig, caching.ForecastConfig)) and hasattr(model, "up_blocks"):
         return False  # no transformer_blocks list
     if isinstance(config, caching.TGateConfig) and type(model).__name__.startswith("SD3"):
         return False  # joint attention, no cross-attention
     return True
 
 
-CASES = [(m, c) for m in MODELS for c in range(3)]
+CASES = [(m, c) for m in MODELS for c in range(len(NEVER_SKIP))]
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +191,7 @@ def test_digits_pipeline_repeatable_and_accurate():
     ref = pipe(digits=digits, num_inference_steps=10, generator=torch.Generator().manual_seed(0)).images
     ref_acc = digit_accuracy(ref, torch.tensor(digits))
     for cfg in (caching.TGateConfig(gate_step=5, cond_index=0), caching.BlockCacheConfig(threshold=0.2),
-                caching.DeepCacheConfig(interval=2)):
+                caching.DeepCacheConfig(interval=2), caching.ForecastConfig(interval=2)):
         tracker = caching.apply(pipe, cfg)
         try:
             a = pipe(digits=digits, num_inference_steps=10, generator=torch.Generator().manual_seed(0)).images

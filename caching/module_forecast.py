@@ -1,0 +1,258 @@
+"""Per-module forecasting inside every transformer block (TaylorSeer), on a fixed or adaptive schedule.
+
+TaylorSeer (Liu et al., "From Reusing to Forecasting: Accelerating Diffusion Models with
+TaylorSeers", ICCV 2025): the outputs of a block's attention and feed-forward modules move smoothly
+with the denoising step, so on a *forecast* step each module returns a Taylor expansion built from
+its outputs at earlier *computed* steps instead of running. Everything between the modules -- the
+adaLN modulation from the current timestep, the norms, the gates, the residual adds -- still runs,
+so a forecast step is not a stale copy of an old step the way whole-block residual reuse
+(``caching.block_cache``) is.
+
+The forecast of one module output ``y`` (any shape) is the Newton polynomial through its values at
+the last ``order + 1`` computed steps (``TaylorFactors``): at order 1 exactly TaylorSeer's
+``y(s) + d (y(s) - y(s_prev)) / (s - s_prev)`` for a step ``s + d``; at order 2 Newton's form, exact
+for quadratic outputs at any step spacing. Until ``k`` earlier computed steps exist, the order is ``k``.
+
+Schedule (which steps are computed):
+- ``threshold = 0``: fixed interval, as TaylorSeer and diffusers' ``TaylorSeerCacheConfig``: every
+  step before ``warmup_steps``, then every ``interval``-th step; the others are forecast.
+- ``threshold > 0``: adaptive, as DBCache decides whole-block reuse. The first ``first_blocks``
+  blocks always run and their residual (output minus input, ``[B, N, C]``) is compared with the one
+  of the last computed step, ``d = mean|r - r_ref| / mean|r_ref|``: the rest of the step is
+  forecast when ``d < threshold`` and fewer than ``interval - 1`` steps in a row were forecast.
+
+What differs from diffusers' TaylorSeer (docs/caching.md compares both in one run): the feed-forward
+modules are forecast too (``ff=1``; diffusers' default hooks attention only), the factors stay in the
+model's dtype (diffusers stores them in bfloat16 by default), the adaptive schedule, and no
+``cache_context`` is needed (the step comes from ``caching._core.StepTracker``), so it runs on SD3,
+PixArt and the digits pipeline where diffusers' TaylorSeer skips nothing.
+
+``interval=1`` never forecasts (the overhead configuration of the benchmark).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from diffusers.hooks import ModelHook
+
+from ._core import (RootHook, StepTracker, block_inputs, block_return_indices, find_blocks, register,
+                    split_output, timestep_reader)
+from .block_cache import relative_l1
+
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    """TaylorSeer-style forecasting of each block's attention (and feed-forward) outputs.
+
+    interval: computed steps are at most this far apart (fixed schedule: exactly; 1: never forecast).
+    order: Taylor order of the forecast (0 reuses the last output, 1 linear, 2 quadratic).
+    warmup_steps: steps always computed at the start of every call.
+    threshold: 0 for the fixed schedule; > 0 forecasts only while the probe blocks' residual changed
+    by less than this (relative L1) since the last computed step.
+    first_blocks: blocks always computed (the probe with ``threshold > 0``; >= 1 then).
+    ff: 1 forecasts feed-forward modules as well as attention, 0 attention only.
+    """
+
+    interval: int = 4
+    order: int = 1
+    warmup_steps: int = 3
+    threshold: float = 0.0
+    first_blocks: int = 1
+    ff: bool = True
+
+    def validate(self) -> "ForecastConfig":
+        if self.interval < 1:
+            raise ValueError(f"interval must be >= 1 (1 never forecasts), got {self.interval}")
+        if self.order not in (0, 1, 2):
+            raise ValueError(f"order must be 0, 1 or 2 (Taylor order of the forecast), got {self.order}")
+        if self.warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1 (step 0 fills the factors), got {self.warmup_steps}")
+        if self.threshold < 0:
+            raise ValueError(f"threshold must be >= 0 (0: fixed interval), got {self.threshold}")
+        if self.first_blocks < 0:
+            raise ValueError(f"first_blocks must be >= 0, got {self.first_blocks}")
+        if self.threshold > 0 and self.first_blocks < 1:
+            raise ValueError("threshold > 0 decides from the first blocks' residual: set first_blocks >= 1")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def fixed_forecast(self, step: int) -> bool:
+        """Fixed schedule: is ``step`` forecast?"""
+        return self.interval > 1 and step >= self.warmup_steps and (step - self.warmup_steps) % self.interval != 0
+
+    def adaptive_forecast(self, step: int, run: int, d: torch.Tensor) -> bool:
+        """Adaptive schedule: forecast ``step`` after ``run`` forecast steps in a row, probe change ``d``?"""
+        if self.interval == 1 or step < self.warmup_steps or run >= self.interval - 1:
+            return False
+        return bool(d < self.threshold)  # host read: the decision is Python control flow
+
+
+class TaylorFactors:
+    """Newton divided differences of one module's outputs (a tensor or a tuple of tensors / None).
+
+    ``f_0 = y(s_n)``, ``f_1 = y[s_n, s_n-1]``, ``f_2 = y[s_n, s_n-1, s_n-2]`` over the last computed
+    steps, newest first; the forecast at ``s`` is ``f_0 + f_1 (s - s_n) + f_2 (s - s_n)(s - s_n-1)``.
+    Order 1 is TaylorSeer's ``f_0 + f_1 d``. At order 2 Newton's form is exact for outputs quadratic
+    in the step at any spacing (the adaptive schedule's gaps vary), where the paper's ``f_2 d^2 / 2``
+    with backward differences is not.
+    """
+
+    def __init__(self, order: int) -> None:
+        self.order = order
+        self.steps: list[int] = []  # computed steps, newest first (at most order + 1)
+        self.factors: list[list[torch.Tensor] | None] = []
+        self.is_tuple = False
+
+    def update(self, out, step: int) -> None:
+        """Record the output computed at ``step`` (later than every recorded step)."""
+        outs = out if isinstance(out, tuple) else (out,)
+        new = []
+        for i, y in enumerate(outs):
+            if y is None:
+                new.append(None)
+                continue
+            prev = self.factors[i] if i < len(self.factors) else None
+            fs = [y]
+            if prev is not None and prev[0].shape == y.shape:  # shapes can change (another resolution)
+                for k in range(min(self.order, len(prev))):
+                    fs.append((fs[k] - prev[k]) / (step - self.steps[k]))
+            new.append(fs)
+        self.factors, self.is_tuple = new, isinstance(out, tuple)
+        self.steps = [step] + self.steps[:self.order]
+
+    def predict(self, step: int):
+        outs = []
+        for fs in self.factors:
+            if fs is None:
+                outs.append(None)
+                continue
+            y, basis = fs[0], 1.0
+            for k in range(1, len(fs)):
+                basis *= step - self.steps[k - 1]
+                y = y + fs[k] * basis
+            outs.append(y)
+        return tuple(outs) if self.is_tuple else outs[0]
+
+
+class ModuleForecast:
+    """Per-model driver: the step's decision and every module's factors, per CFG branch.
+
+    Branch state (``tracker.state``): ``forecast`` (this step), ``run`` (forecast steps in a row),
+    ``h0`` (probe input), ``probe_ref`` (probe residual of the last computed step), ``factors``
+    (module key -> :class:`TaylorFactors`).
+    """
+
+    def __init__(self, tracker: StepTracker, config: ForecastConfig) -> None:
+        self.tracker, self.config = tracker, config
+
+    def begin_step(self) -> None:
+        st, cfg = self.tracker.state, self.config
+        st.setdefault("factors", {})
+        st["forecast"] = cfg.threshold == 0 and cfg.fixed_forecast(self.tracker.step)
+        if cfg.threshold == 0:
+            self._count(st["forecast"])
+
+    def probe(self, i: int, h_in: torch.Tensor, out, indices) -> None:
+        """Block ``i`` (< first_blocks) ran: keep the probe input, or decide the step after the last."""
+        st, cfg = self.tracker.state, self.config
+        if i == 0:
+            st["h0"] = h_in
+        if cfg.threshold == 0 or i != cfg.first_blocks - 1:
+            return
+        r = split_output(out, indices)[0] - st.pop("h0")
+        ref = st.get("probe_ref")
+        fc = ref is not None and ref.shape == r.shape and \
+            cfg.adaptive_forecast(self.tracker.step, st.get("run", 0), relative_l1(r, ref))
+        st["forecast"] = fc
+        if not fc:
+            st["probe_ref"] = r
+        self._count(fc)
+
+    def _count(self, forecast: bool) -> None:
+        st = self.tracker.state
+        st["run"] = st.get("run", 0) + 1 if forecast else 0
+        self.tracker.counters["steps_cached" if forecast else "steps_computed"] += 1
+
+    def module(self, key: str, forward, args, kwargs):
+        st, step = self.tracker.state, self.tracker.step
+        factors = st["factors"]
+        if st.get("forecast") and key in factors:  # a module never computed yet (called conditionally) runs
+            self.tracker.counters["modules_skipped"] += 1
+            return factors[key].predict(step)
+        out = forward(*args, **kwargs)
+        self.tracker.counters["modules_computed"] += 1
+        factors.setdefault(key, TaylorFactors(self.config.order)).update(out, step)
+        return out
+
+
+class ForecastModuleHook(ModelHook):
+    def __init__(self, driver: ModuleForecast, key: str) -> None:
+        super().__init__()
+        self.driver, self.key = driver, key
+
+    def new_forward(self, module, *args, **kwargs):
+        return self.driver.module(self.key, self.fn_ref.original_forward, args, kwargs)
+
+
+class ProbeBlockHook(ModelHook):
+    def __init__(self, driver: ModuleForecast, i: int, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.driver, self.i = driver, i
+        self.read_in, self.indices = block_inputs(block), block_return_indices(block)
+
+    def new_forward(self, module, *args, **kwargs):
+        h_in = self.read_in(args, kwargs)[0]
+        out = self.fn_ref.original_forward(*args, **kwargs)
+        self.driver.probe(self.i, h_in, out, self.indices)
+        return out
+
+
+def forecast_targets(model: torch.nn.Module, first_blocks: int, ff: bool) -> dict[str, torch.nn.Module]:
+    """``{name: module}`` of the attention (and feed-forward) children of every block after the first
+    ``first_blocks``, over ``transformer_blocks`` and, where present (Flux), ``single_transformer_blocks``."""
+    from diffusers.models.attention import AttentionModuleMixin, FeedForward
+    from diffusers.models.attention_processor import Attention
+
+    kinds = (Attention, AttentionModuleMixin) + ((FeedForward,) if ff else ())
+    lists = [("transformer_blocks", find_blocks(model))]
+    single = getattr(model, "single_transformer_blocks", None)
+    if isinstance(single, torch.nn.ModuleList):
+        lists.append(("single_transformer_blocks", single))
+    targets, index = {}, 0
+    for list_name, blocks in lists:
+        for j, block in enumerate(blocks):
+            if index >= first_blocks:
+                for child_name, child in block.named_children():
+                    if isinstance(child, kinds):
+                        targets[f"{list_name}.{j}.{child_name}"] = child
+            index += 1
+    if not targets:
+        raise ValueError(f"{type(model).__name__}: no attention or feed-forward modules after the first "
+                         f"{first_blocks} blocks to forecast; lower first_blocks")
+    return targets
+
+
+def apply_forecast(model: torch.nn.Module, config: ForecastConfig) -> StepTracker:
+    """Attach per-module forecasting to a diffusers transformer; returns its tracker."""
+    config.validate()
+    blocks = find_blocks(model)
+    if config.first_blocks >= len(blocks):
+        raise ValueError(f"first_blocks must leave a block to forecast; the model has {len(blocks)}, "
+                         f"got first_blocks={config.first_blocks}")
+    targets = forecast_targets(model, config.first_blocks, config.ff)
+    tracker = StepTracker()
+    driver = ModuleForecast(tracker, config)
+    for key, module in targets.items():
+        register(module, ForecastModuleHook(driver, key), f"forecast.{key}")
+    for i in range(config.first_blocks):
+        register(blocks[i], ProbeBlockHook(driver, i, blocks[i]), "forecast.probe")
+
+    def around(forward, args, kwargs):
+        driver.begin_step()
+        return forward(*args, **kwargs)
+
+    register(model, RootHook(tracker, timestep_reader(model), around), "forecast.root")
+    return tracker

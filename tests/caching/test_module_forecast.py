@@ -1,0 +1,145 @@
+"""caching.module_forecast: Newton forecasts are exact on polynomials, a forecast step's module outputs
+are the extrapolation of the computed ones, the schedules compute exactly the steps they say, and
+bad settings are refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import caching
+from caching.module_forecast import TaylorFactors
+from tests.caching.tiny import sample, tiny_pixart, tiny_sd3, tiny_unet
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {"pixart": tiny_pixart(), "sd3": tiny_sd3()}
+
+
+def poly(coeffs, s):
+    return sum(c * s ** k for k, c in enumerate(coeffs))
+
+
+@pytest.mark.parametrize("order", [0, 1, 2])
+def test_newton_forecast_exact_on_polynomials_of_its_order(order):
+    coeffs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(k)) for k in range(order + 1)]
+    f = TaylorFactors(order)
+    for s in (0, 1, 4, 9):  # uneven gaps, as the adaptive schedule makes them
+        f.update(poly(coeffs, s), s)
+    for s in (10, 13):
+        torch.testing.assert_close(f.predict(s), poly(coeffs, s), rtol=1e-5, atol=1e-4)
+    if order < 2:  # one order too low is not exact: the test can fail
+        g = TaylorFactors(order)
+        quad = coeffs + [torch.ones(3, 4)]
+        for s in (0, 1, 4, 9):
+            g.update(poly(quad, s), s)
+        assert not torch.allclose(g.predict(10), poly(quad, 10), atol=1e-2)
+
+
+def test_factors_keep_tuples_and_nones_and_restart_on_new_shape():
+    f = TaylorFactors(1)
+    f.update((torch.zeros(2), None), 0)
+    f.update((torch.ones(2), None), 1)
+    out = f.predict(3)
+    assert isinstance(out, tuple) and out[1] is None
+    torch.testing.assert_close(out[0], torch.full((2,), 3.0))
+    f.update((torch.ones(5), None), 2)  # another resolution: no difference against the old shape
+    torch.testing.assert_close(f.predict(4)[0], torch.ones(5))
+
+
+@pytest.mark.parametrize("name", ["pixart", "sd3"])
+def test_forecast_steps_extrapolate_the_computed_outputs(models, name):
+    model = models[name]
+    ff = model.transformer_blocks[1].ff
+    seen = []
+    handle = ff.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    try:
+        caching.apply(model, caching.ForecastConfig(interval=3, warmup_steps=2))
+        sample(model, STEPS)
+    finally:
+        handle.remove()
+        caching.remove(model)
+    assert len(seen) == STEPS  # torch hooks still see every call, computed or forecast
+    y = seen
+    # computed steps 0, 1, 2, 5; forecast 3, 4 from (1, 2) and 6, 7 from (2, 5)
+    torch.testing.assert_close(y[3], y[2] + (y[2] - y[1]))
+    torch.testing.assert_close(y[4], y[2] + 2 * (y[2] - y[1]))
+    torch.testing.assert_close(y[6], y[5] + (y[5] - y[2]) / 3)
+    torch.testing.assert_close(y[7], y[5] + 2 * (y[5] - y[2]) / 3)
+    assert not torch.allclose(y[5], y[2] + 3 * (y[2] - y[1]))  # step 5 was really computed
+
+
+class Counter:
+    def __init__(self, module):
+        self.n = 0
+        self.handle = module.register_forward_pre_hook(self.hit)
+
+    def hit(self, *_):
+        self.n += 1
+
+
+def inner_calls(module):
+    """Count calls of a layer inside the module (the query projection of an attention, the first
+    layer of a feed-forward): a pre-hook on the module itself fires even when the forecast hook
+    returns without running it."""
+    return Counter(module.to_q if hasattr(module, "to_q") else module.net[0])
+
+
+@pytest.mark.parametrize("ff", [True, False])
+@pytest.mark.parametrize("name", ["pixart", "sd3"])
+def test_fixed_schedule_runs_modules_only_on_computed_steps(models, name, ff):
+    model = models[name]
+    blocks = model.transformer_blocks
+    attn0, attn1 = (getattr(b, "attn1", None) or b.attn for b in blocks[:2])
+    counters = {"probe": inner_calls(attn0), "attn": inner_calls(attn1), "ff": inner_calls(blocks[1].ff)}
+    try:
+        tracker = caching.apply(model, caching.ForecastConfig(interval=3, warmup_steps=2, ff=ff))
+        sample(model, STEPS)
+    finally:
+        for c in counters.values():
+            c.handle.remove()
+        caching.remove(model)
+    assert counters["probe"].n == STEPS  # block 0 (first_blocks=1) always runs
+    assert counters["attn"].n == 4  # steps 0, 1, 2, 5
+    assert counters["ff"].n == (4 if ff else STEPS)
+    assert tracker.counters["steps_cached"] == 4 and tracker.counters["steps_computed"] == 4
+
+
+@pytest.mark.parametrize("name", ["pixart", "sd3"])
+def test_adaptive_schedule_follows_the_probe(models, name):
+    model = models[name]
+    ref = sample(model, STEPS)
+    attn1 = getattr(model.transformer_blocks[1], "attn1", None) or model.transformer_blocks[1].attn
+    counter = inner_calls(attn1)
+    try:
+        # a threshold no change is under: never forecasts, so the output is the uncached one
+        tracker = caching.apply(model, caching.ForecastConfig(threshold=1e-12, interval=3, warmup_steps=2))
+        assert torch.equal(sample(model, STEPS), ref)
+        assert tracker.counters["steps_cached"] == 0 and counter.n == STEPS
+        caching.remove(model)
+        counter.n = 0
+        # a threshold every change is under: forecast as long as the interval allows
+        tracker = caching.apply(model, caching.ForecastConfig(threshold=10.0, interval=3, warmup_steps=2))
+        out = sample(model, STEPS)
+        assert counter.n == 4 and tracker.counters["steps_cached"] == 4  # computed 0, 1, 4, 7
+        assert not torch.equal(out, ref)
+    finally:
+        counter.handle.remove()
+        caching.remove(model)
+
+
+def test_forecast_validation(models):
+    with pytest.raises(ValueError, match="order must be 0, 1 or 2"):
+        caching.parse_spec("forecast:order=3")
+    with pytest.raises(ValueError, match="first_blocks >= 1"):
+        caching.parse_spec("forecast:threshold=0.1,first_blocks=0")
+    with pytest.raises(ValueError, match="interval must be >= 1"):
+        caching.ForecastConfig(interval=0).validate()
+    assert caching.parse_spec("forecast:interval=5,ff=0") == caching.ForecastConfig(interval=5, ff=False)
+    with pytest.raises(ValueError, match="first_blocks must leave a block"):
+        caching.apply(models["pixart"], caching.ForecastConfig(first_blocks=len(models["pixart"].transformer_blocks)))
+    with pytest.raises(ValueError, match="use DeepCacheConfig"):
+        caching.apply(tiny_unet(), caching.ForecastConfig())
+    assert not any(hasattr(m, "_diffusers_hook") for m in models["pixart"].modules())
