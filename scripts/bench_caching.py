@@ -15,6 +15,7 @@ Writes ``caching.json``, ``caching.csv`` and ``caching.png`` to ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
 import json
@@ -84,6 +85,14 @@ def diffusers_caches() -> dict:
         for interval, before, order in ((3, 3, 1), (4, 3, 1), (5, 3, 2), (3, 3, 2)):
             cfg = TaylorSeerCacheConfig(cache_interval=interval, disable_cache_before_step=before, max_order=order)
             out[f"diffusers TaylorSeer(interval={interval},order={order})"] = (apply_taylorseer_cache, cfg)
+        # its default identifiers hook only modules named `attn` (none on PixArt or digits, whose are
+        # attn1/attn2) and store factors in bfloat16; this row hooks every attention and feed-forward
+        # module of the blocks in float32, the same coverage as our `forecast` rows
+        every = [r"^(single_)?transformer_blocks\.\d+\.(attn\d?|ff|ff_context)$"]
+        for interval in (4, 5):
+            cfg = TaylorSeerCacheConfig(cache_interval=interval, cache_identifiers=every,
+                                        taylor_factors_dtype=torch.float32)
+            out[f"diffusers TaylorSeer(interval={interval},attn+ff,fp32)"] = (apply_taylorseer_cache, cfg)
     return out
 
 
@@ -103,6 +112,7 @@ WITH_DIFFUSERS = True  # unset by --no-diffusers
 ONLY = None  # set by --caches: names of our caches to run
 EXTRA: dict = {}  # set by --extra: more of our configs, cache spec -> parsed config
 DIFFUSERS_SWEEP = False  # set by --diffusers-sweep
+PEERS = False  # set by --peers
 
 
 def timed(fn, repeats: int | None = None):
@@ -158,32 +168,85 @@ def run_model(kind: str, model, steps: int, rows: list) -> None:
                          wall_speedup=round(w0 / w, 2),
                          psnr=round(psnr(x, ref), 2), accuracy=acc(x)))
         print(rows[-1], flush=True)
-    from diffusers.hooks import HookRegistry
-    from diffusers.hooks.hooks import CacheContext, _set_cache_context
-
-    for name, (apply_fn, cfg) in (diffusers_caches() if WITH_DIFFUSERS else {}).items():
+    for name, (attach, before_call) in peer_caches(kind, steps).items():
         row = dict(model=kind, steps=steps, cache=name)
-        twin = copy.deepcopy(net)  # diffusers' hooks have no clean removal across all of them
+        twin = copy.deepcopy(net)  # the peers' hooks have no clean removal across all of them
         try:
-            apply_fn(twin, cfg)
+            attach(twin)
 
             def cached_call():
-                HookRegistry.check_if_exists_or_initialize(twin).reset_stateful_hooks()
-                _set_cache_context(twin, CacheContext("cfg"))  # what a supporting pipeline does
-                try:
+                with before_call(twin):
                     return call(twin)
-                finally:
-                    _set_cache_context(twin, None)
             x, t, m, w = timed(cached_call)
             row.update(seconds=round(t, 3), median=round(m, 3), wall=round(w, 3), speedup=round(t0 / t, 2),
                        median_speedup=round(m0 / m, 2), wall_speedup=round(w0 / w, 2), psnr=round(psnr(x, ref), 2), accuracy=acc(x))
-        except Exception as err:  # recorded: the point is where diffusers' caches do not apply
+        except Exception as err:  # recorded: the point is where the peers' caches do not apply
             row.update(error=f"{type(err).__name__}: {str(err)[:80]}")
         finally:
             if kind == "digits":
                 model.transformer = net
         rows.append(row)
         print(row, flush=True)
+
+
+def peer_caches(kind: str, steps: int) -> dict:
+    """``{row name: (attach(model), before_call(model) -> context manager)}`` for the field's caches:
+    diffusers' (unless --no-diffusers) and, with --peers, the cache-dit package's DBCache."""
+    out = {}
+    if WITH_DIFFUSERS:
+        for name, (apply_fn, cfg) in diffusers_caches().items():
+            out[name] = ((lambda net, f=apply_fn, c=cfg: f(net, c)), diffusers_call)
+    if PEERS and kind != "unet" and not kind.startswith("unet"):
+        out.update(cache_dit_caches(kind, steps))
+    return out
+
+
+@contextlib.contextmanager
+def diffusers_call(net):
+    """What a pipeline that supports diffusers' caches does around a call: fresh state, a cache context."""
+    from diffusers.hooks import HookRegistry
+    from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+    HookRegistry.check_if_exists_or_initialize(net).reset_stateful_hooks()
+    _set_cache_context(net, CacheContext("cfg"))
+    try:
+        yield
+    finally:
+        _set_cache_context(net, None)
+
+
+def cache_dit_caches(kind: str, steps: int) -> dict:
+    """cache-dit's DBCache (``pip install cache-dit``), transformer-only use: ``enable_cache`` on the
+    transformer (SD3 through a ``BlockAdapter``, its joint blocks return ``(encoder, hidden)``), and
+    ``refresh_context`` before every call. One first and no last compute block (``F1B0``: its default
+    ``F8`` is more than these 4-8 block models have). Its TaylorSeer calibrator fails on SD3 (a missing
+    state, cache-dit 1.5.3), so SD3 rows run without it."""
+    try:
+        import cache_dit
+    except ImportError:
+        print("--peers: cache-dit is not installed (pip install cache-dit); its rows are skipped", flush=True)
+        return {}
+    from cache_dit import BlockAdapter, DBCacheConfig, ForwardPattern, TaylorSeerCalibratorConfig
+
+    def attach(threshold, taylor):
+        def run(net):
+            target = net if kind != "sd3" else BlockAdapter(transformer=net, blocks=net.transformer_blocks,
+                                                            forward_pattern=ForwardPattern.Pattern_1)
+            cache_dit.enable_cache(target, cache_config=DBCacheConfig(
+                Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=threshold,
+                num_inference_steps=steps),
+                calibrator_config=TaylorSeerCalibratorConfig(taylorseer_order=1) if taylor else None)
+        return run
+
+    @contextlib.contextmanager
+    def refresh(net):
+        cache_dit.refresh_context(net, num_inference_steps=steps)
+        yield
+
+    grid = [(0.08, False), (0.2, False), (0.5, False)] if kind == "sd3" else \
+        [(0.08, False), (0.12, True), (0.2, True), (0.3, True)]
+    return {f"cache-dit DBCache({th}{',TaylorSeer' if taylor else ''})": (attach(th, taylor), refresh)
+            for th, taylor in grid}
 
 
 def main(argv=None) -> int:
@@ -203,8 +266,12 @@ def main(argv=None) -> int:
     ap.add_argument("--diffusers-sweep", action="store_true",
                     help="also run diffusers' FirstBlockCache at thresholds 0.05/0.2/0.3 and TaylorSeer at "
                          "several intervals and orders (their frontier, not just their defaults)")
+    ap.add_argument("--peers", action="store_true",
+                    help="also run the cache-dit package's DBCache (with its TaylorSeer calibrator where it works) "
+                         "on the transformers, if it is installed (pip install cache-dit)")
     args = ap.parse_args(argv)
-    global REPEATS, DIGIT_REPEATS, WITH_DIFFUSERS, ONLY, EXTRA, DIFFUSERS_SWEEP
+    global REPEATS, DIGIT_REPEATS, WITH_DIFFUSERS, ONLY, EXTRA, DIFFUSERS_SWEEP, PEERS
+    PEERS = args.peers
     try:
         EXTRA = {s.strip(): caching.parse_spec(s.strip()) for s in args.extra.split(";") if s.strip()}
     except ValueError as err:
@@ -245,14 +312,19 @@ def main(argv=None) -> int:
     return 0
 
 
+def is_peer(cache: str) -> bool:
+    """A row of the field's code (diffusers' caches, cache-dit), not of ours."""
+    return cache.startswith(("diffusers", "cache-dit"))
+
+
 def head_to_head(rows) -> list:
-    """For each diffusers cache row that skipped something: our fastest row on the same model and step
+    """For each peer row (diffusers, cache-dit) that skipped something: our fastest row on the same model and step
     count, in the same run, that skipped something with PSNR at least as high (equal or better
     fidelity), and the speed ratio ours / theirs."""
     out = []
     done = [r for r in rows if "psnr" in r and r["cache"] not in ("uncached", "never-skip")]
-    for d in (r for r in done if r["cache"].startswith("diffusers") and math.isfinite(r["psnr"])):
-        rivals = [r for r in done if not r["cache"].startswith("diffusers") and r["model"] == d["model"]
+    for d in (r for r in done if is_peer(r["cache"]) and math.isfinite(r["psnr"])):
+        rivals = [r for r in done if not is_peer(r["cache"]) and r["model"] == d["model"]
                   and r["steps"] == d["steps"] and d["psnr"] <= r["psnr"] < math.inf]  # inf: skipped nothing
         best = max(rivals, key=lambda r: r["speedup"], default=None)
         out.append(dict(model=d["model"], steps=d["steps"], theirs=d["cache"], their_speedup=d["speedup"],
@@ -263,7 +335,7 @@ def head_to_head(rows) -> list:
 
 
 def plot(rows, path) -> None:
-    """One panel per model: speed-up over uncached vs PSNR, ours as squares, diffusers' as circles,
+    """One panel per model: speed-up over uncached vs PSNR, ours as squares, the peers' as circles,
     colour by step count; never-skip rows and rows that skipped nothing (PSNR inf) are left out."""
     import matplotlib
     matplotlib.use("Agg")
@@ -278,10 +350,10 @@ def plot(rows, path) -> None:
     colours = {20: "tab:blue", 50: "tab:orange"}
     for ax, model in zip(axes.flat, models):
         for r in (r for r in ok if r["model"] == model):
-            ours = not r["cache"].startswith("diffusers")
+            ours = not is_peer(r["cache"])
             ax.scatter(r["psnr"], r["speedup"], marker="s" if ours else "o", s=22,
                        color=colours.get(r["steps"], "tab:gray"), edgecolor="k" if not ours else None)
-            label = r["cache"].replace("diffusers ", "d:").replace("threshold=", "").replace("interval=", "")
+            label = r["cache"].replace("diffusers ", "d:").replace("cache-dit ", "cd:").replace("threshold=", "").replace("interval=", "")
             ax.annotate(f"{label}", (r["psnr"], r["speedup"]), fontsize=5, xytext=(3, 2), textcoords="offset points")
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("PSNR vs uncached (dB)", fontsize=8)
@@ -291,7 +363,7 @@ def plot(rows, path) -> None:
         ax.axis("off")
     handles = [plt.Line2D([], [], marker="s", ls="", color=colours[20], label="ours, 20 steps"),
                plt.Line2D([], [], marker="s", ls="", color=colours[50], label="ours, 50 steps"),
-               plt.Line2D([], [], marker="o", ls="", color="w", markeredgecolor="k", label="diffusers' caches")]
+               plt.Line2D([], [], marker="o", ls="", color="w", markeredgecolor="k", label="diffusers' and cache-dit's caches")]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=130)
