@@ -52,6 +52,8 @@ class ForecastConfig:
     by less than this (relative L1) since the last computed step.
     first_blocks: blocks always computed (the probe with ``threshold > 0``; >= 1 then).
     ff: 1 forecasts feed-forward modules as well as attention, 0 attention only.
+    tolerance: > 0 sets the gaps by error control instead (see the module docstring): the relative L1
+    error the forecasts may reach, measured at every computed step; ``interval`` caps the gap.
     """
 
     interval: int = 4
@@ -60,6 +62,7 @@ class ForecastConfig:
     threshold: float = 0.0
     first_blocks: int = 1
     ff: bool = True
+    tolerance: float = 0.0
 
     def validate(self) -> "ForecastConfig":
         if self.interval < 1:
@@ -72,6 +75,10 @@ class ForecastConfig:
             raise ValueError(f"threshold must be >= 0 (0: fixed interval), got {self.threshold}")
         if self.first_blocks < 0:
             raise ValueError(f"first_blocks must be >= 0, got {self.first_blocks}")
+        if self.tolerance < 0:
+            raise ValueError(f"tolerance must be >= 0 (0: no error control), got {self.tolerance}")
+        if self.tolerance > 0 and self.threshold > 0:
+            raise ValueError("threshold and tolerance are two different schedules; set one of them")
         if self.threshold > 0 and self.first_blocks < 1:
             raise ValueError("threshold > 0 decides from the first blocks' residual: set first_blocks >= 1")
         return self
@@ -91,41 +98,59 @@ class ForecastConfig:
 
 
 class TaylorFactors:
-    """Newton divided differences of one module's outputs (a tensor or a tuple of tensors / None).
+    """Newton forecast of one module's outputs (a tensor or a tuple of tensors / None).
 
-    ``f_0 = y(s_n)``, ``f_1 = y[s_n, s_n-1]``, ``f_2 = y[s_n, s_n-1, s_n-2]`` over the last computed
-    steps, newest first; the forecast at ``s`` is ``f_0 + f_1 (s - s_n) + f_2 (s - s_n)(s - s_n-1)``.
-    Order 1 is TaylorSeer's ``f_0 + f_1 d``. At order 2 Newton's form is exact for outputs quadratic
-    in the step at any spacing (the adaptive schedule's gaps vary), where the paper's ``f_2 d^2 / 2``
-    with backward differences is not.
+    Keeps the outputs of the last ``order + 1`` computed steps ``s_0 > s_1 > ...`` (references, no
+    copy) and, on the first forecast after a computed step, their divided differences
+    ``f_0 = y(s_0)``, ``f_1 = y[s_0, s_1]``, ``f_2 = y[s_0, s_1, s_2]``; the forecast at ``s`` is
+    ``f_0 + f_1 (s - s_0) + f_2 (s - s_0)(s - s_1)``. Order 1 is TaylorSeer's ``f_0 + f_1 d``. At
+    order 2 Newton's form is exact for outputs quadratic in the step at any spacing (the adaptive
+    schedules' gaps vary), where the paper's ``f_2 d^2 / 2`` with backward differences is not.
+    Differences are taken lazily so that computed steps cost nothing beyond keeping the outputs
+    (they are most steps when a schedule forecasts little).
     """
 
     def __init__(self, order: int) -> None:
         self.order = order
         self.steps: list[int] = []  # computed steps, newest first (at most order + 1)
-        self.factors: list[list[torch.Tensor] | None] = []
+        self.nodes: list[tuple] = []  # their outputs as tuples, same order
         self.is_tuple = False
+        self._factors: list[list[torch.Tensor] | None] | None = None
 
     def update(self, out, step: int) -> None:
         """Record the output computed at ``step`` (later than every recorded step)."""
         outs = out if isinstance(out, tuple) else (out,)
-        new = []
-        for i, y in enumerate(outs):
-            if y is None:
-                new.append(None)
-                continue
-            prev = self.factors[i] if i < len(self.factors) else None
-            fs = [y]
-            if prev is not None and prev[0].shape == y.shape:  # shapes can change (another resolution)
-                for k in range(min(self.order, len(prev))):
-                    fs.append((fs[k] - prev[k]) / (step - self.steps[k]))
-            new.append(fs)
-        self.factors, self.is_tuple = new, isinstance(out, tuple)
-        self.steps = [step] + self.steps[:self.order]
+        keep = [(s, n) for s, n in zip(self.steps, self.nodes) if _same_shapes(n, outs)][:self.order]
+        self.steps = [step] + [s for s, _ in keep]  # another shape (resolution): older nodes dropped
+        self.nodes = [outs] + [n for _, n in keep]
+        self.is_tuple, self._factors = isinstance(out, tuple), None
+
+    def factors(self) -> list[list[torch.Tensor] | None]:
+        """Per output: ``[f_0, f_1, ...]`` (None for a None output), from the recorded nodes."""
+        if self._factors is None:
+            self._factors = [None if self.nodes[0][i] is None else
+                             _divided_differences([n[i] for n in self.nodes], self.steps)
+                             for i in range(len(self.nodes[0]))]
+        return self._factors
+
+    def error(self, out, step: int) -> tuple[float, float]:
+        """``(sum |forecast - out|, sum |out|)`` at ``step``, before ``out`` is recorded; (0, 0) when
+        there is nothing to forecast from (no earlier step, or the shape changed)."""
+        outs = out if isinstance(out, tuple) else (out,)
+        if not self.steps or not _same_shapes(self.nodes[0], outs):
+            return 0.0, 0.0
+        pred = self.predict(step)
+        pred = pred if isinstance(pred, tuple) else (pred,)
+        num = den = 0.0
+        for p, y in zip(pred, outs):
+            if y is not None:
+                num += float((p - y).abs().sum())
+                den += float(y.abs().sum())
+        return num, den
 
     def predict(self, step: int):
         outs = []
-        for fs in self.factors:
+        for fs in self.factors():
             if fs is None:
                 outs.append(None)
                 continue
@@ -135,6 +160,20 @@ class TaylorFactors:
                 y = y + fs[k] * basis
             outs.append(y)
         return tuple(outs) if self.is_tuple else outs[0]
+
+
+def _same_shapes(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all((x is None) == (y is None) and (x is None or x.shape == y.shape)
+                                    for x, y in zip(a, b))
+
+
+def _divided_differences(ys: list[torch.Tensor], steps: list[int]) -> list[torch.Tensor]:
+    """Newton coefficients ``[y[s_0], y[s_0, s_1], ...]`` of values ``ys`` at ``steps`` (newest first)."""
+    table, out = list(ys), [ys[0]]
+    for k in range(1, len(ys)):
+        table = [(table[i] - table[i + 1]) / (steps[i] - steps[i + k]) for i in range(len(table) - 1)]
+        out.append(table[0])
+    return out
 
 
 class ModuleForecast:
@@ -149,11 +188,33 @@ class ModuleForecast:
         self.tracker, self.config = tracker, config
 
     def begin_step(self) -> None:
-        st, cfg = self.tracker.state, self.config
+        st, cfg, step = self.tracker.state, self.config, self.tracker.step
         st.setdefault("factors", {})
-        st["forecast"] = cfg.threshold == 0 and cfg.fixed_forecast(self.tracker.step)
+        if cfg.tolerance > 0:
+            self._plan_next(st, step)
+            st["forecast"] = step >= cfg.warmup_steps and step < st["next"]
+        else:
+            st["forecast"] = cfg.threshold == 0 and cfg.fixed_forecast(step)
         if cfg.threshold == 0:
             self._count(st["forecast"])
+
+    def _plan_next(self, st, step: int) -> None:
+        """Error control: after a computed step whose forecasts were checked, choose the next gap.
+
+        The error of an order-p extrapolation over a gap g grows like g^(p+1), so the gap that would
+        have met ``tolerance`` is ``g (tolerance / e)^(1 / (p + 1))``, taken with a 0.9 safety factor,
+        at most doubled, within [1, interval] (the step-size rule of adaptive ODE solvers).
+        """
+        num, den = st.pop("err", (0.0, 0.0))
+        st.setdefault("next", 0)
+        if den == 0 or step != st.get("checked_step", -1) + 1:
+            return  # only right after a computed step with a measured error
+        cfg, gap = self.config, st["dist"]
+        e = max(num / den, 1e-12)
+        new = round(gap * min(2.0, 0.9 * (cfg.tolerance / e) ** (1.0 / (cfg.order + 1))))
+        if e > cfg.tolerance:
+            new = min(new, gap - 1)  # over the tolerance: the gap must shrink
+        st["next"] = st["checked_step"] + max(1, min(cfg.interval, new))
 
     def probe(self, i: int, h_in: torch.Tensor, out, indices) -> None:
         """Block ``i`` (< first_blocks) ran: keep the probe input, or decide the step after the last."""
@@ -184,7 +245,12 @@ class ModuleForecast:
             return factors[key].predict(step)
         out = forward(*args, **kwargs)
         self.tracker.counters["modules_computed"] += 1
-        factors.setdefault(key, TaylorFactors(self.config.order)).update(out, step)
+        f = factors.setdefault(key, TaylorFactors(self.config.order))
+        if self.config.tolerance > 0 and f.steps:  # how far off would the forecast have been? (next gap)
+            num, den = f.error(out, step)
+            acc = st.get("err", (0.0, 0.0))
+            st["err"], st["checked_step"], st["dist"] = (acc[0] + num, acc[1] + den), step, step - f.steps[0]
+        f.update(out, step)
         return out
 
 

@@ -86,8 +86,9 @@ def register(subparsers) -> None:
     p.add_argument("--budget", type=positive_int, default=None,
                    help="NFE budget per image for --search (default: 8 full denoisings)")
     p.add_argument("--cache", default=None, metavar="NAME[:key=value,...]",
-                   help="reuse features across steps: tgate, block or deepcache, options as in their configs "
-                        "(e.g. tgate:gate_step=10; see docs/caching.md)")
+                   help="reuse or forecast features across steps: tgate, block, deepcache, rehash (UNets) or "
+                        "forecast, options as in their configs (e.g. tgate:gate_step=10, forecast:interval=4; "
+                        "see docs/caching.md)")
     p.add_argument("--out", default="dlm-image-out", help="output folder (default: dlm-image-out)")
     p.add_argument("--scale", type=positive_int, default=8, help="upscale factor of the PNGs (default: 8)")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
