@@ -20,12 +20,20 @@ Schedule (which steps are computed):
   blocks always run and their residual (output minus input, ``[B, N, C]``) is compared with the one
   of the last computed step, ``d = mean|r - r_ref| / mean|r_ref|``: the rest of the step is
   forecast when ``d < threshold`` and fewer than ``interval - 1`` steps in a row were forecast.
+- ``tolerance > 0``: error control, as adaptive ODE solvers choose their step size. At every
+  computed step the forecast it replaces costs one extra evaluation, which gives the relative L1
+  error ``e = sum|forecast - y| / sum|y|`` over all forecast modules for the gap ``g`` just taken.
+  An order-``p`` extrapolation's error grows like ``g^(p+1)``, so the next gap is
+  ``g * min(2, 0.9 (tolerance / e)^(1/(p+1)))`` rounded, shorter than ``g`` whenever
+  ``e > tolerance``, within ``[1, interval]``. Gaps grow where the features move smoothly and
+  shrink where they turn, with no probe block and no per-model threshold for the probe.
 
 What differs from diffusers' TaylorSeer (docs/caching.md compares both in one run): the feed-forward
 modules are forecast too (``ff=1``; diffusers' default hooks attention only), the factors stay in the
-model's dtype (diffusers stores them in bfloat16 by default), the adaptive schedule, and no
-``cache_context`` is needed (the step comes from ``caching._core.StepTracker``), so it runs on SD3,
-PixArt and the digits pipeline where diffusers' TaylorSeer skips nothing.
+model's dtype (diffusers stores them in bfloat16 by default), the two adaptive schedules, and no
+``cache_context`` is needed (the step comes from ``caching._core.StepTracker``), so it works inside
+any pipeline. Diffusers' TaylorSeer with its default module names skips nothing on PixArt and the
+digits model (their attention modules are ``attn1`` / ``attn2``).
 
 ``interval=1`` never forecasts (the overhead configuration of the benchmark).
 """

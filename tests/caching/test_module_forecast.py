@@ -143,3 +143,44 @@ def test_forecast_validation(models):
     with pytest.raises(ValueError, match="use DeepCacheConfig"):
         caching.apply(tiny_unet(), caching.ForecastConfig())
     assert not any(hasattr(m, "_diffusers_hook") for m in models["pixart"].modules())
+
+
+@pytest.mark.parametrize("name", ["pixart", "sd3"])
+def test_error_control_schedule(models, name):
+    model = models[name]
+    ref = sample(model, STEPS)
+    attn1 = getattr(model.transformer_blocks[1], "attn1", None) or model.transformer_blocks[1].attn
+    counter = inner_calls(attn1)
+    try:
+        # no forecast ever meets a tolerance this small: every step is computed, output exact
+        tracker = caching.apply(model, caching.ForecastConfig(tolerance=1e-12, interval=8))
+        assert torch.equal(sample(model, STEPS), ref)
+        assert counter.n == STEPS and tracker.counters["steps_cached"] == 0
+        caching.remove(model)
+        counter.n = 0
+        # every forecast meets a huge one: the gap doubles after each check (1, 2, 4), warm-up 0-2
+        tracker = caching.apply(model, caching.ForecastConfig(tolerance=1e9, interval=8))
+        out = sample(model, STEPS)
+        assert counter.n == 4 and tracker.counters["steps_computed"] == 4  # computed 0, 1, 2, 4
+        assert not torch.equal(out, ref)
+    finally:
+        counter.handle.remove()
+        caching.remove(model)
+
+
+def test_error_is_measured_against_the_forecast():
+    f = TaylorFactors(1)
+    f.update(torch.zeros(4), 0)
+    f.update(torch.ones(4), 1)
+    num, den = f.error(torch.full((4,), 3.0), 3)  # forecast 3 * 1 = 3: exact
+    assert num == 0 and den == 12
+    num, den = f.error(torch.full((4,), 5.0), 3)
+    assert num == 8 and den == 20
+    assert f.error(torch.ones(6), 3) == (0.0, 0.0)  # another shape: nothing to compare
+
+
+def test_tolerance_validation():
+    with pytest.raises(ValueError, match="set one of them"):
+        caching.ForecastConfig(tolerance=0.1, threshold=0.1).validate()
+    with pytest.raises(ValueError, match="tolerance must be >= 0"):
+        caching.parse_spec("forecast:tolerance=-1")
