@@ -113,6 +113,7 @@ ONLY = None  # set by --caches: names of our caches to run
 EXTRA: dict = {}  # set by --extra: more of our configs, cache spec -> parsed config
 DIFFUSERS_SWEEP = False  # set by --diffusers-sweep
 PEERS = False  # set by --peers
+PAIRED = False  # set by --paired
 
 
 def timed(fn, repeats: int | None = None):
@@ -133,60 +134,85 @@ def timed(fn, repeats: int | None = None):
     return out, min(cpu), statistics.median(cpu), min(wall)
 
 
+def paired(fn, ref_fn, repeats: int | None = None):
+    """``timed`` for a cached call and the uncached one, alternating ``ref, cached`` ``repeats``
+    times after a warm-up of each, so that both see the same machine load (--paired).
+
+    Returns ``(out, (cpu_best, cpu_median, wall_best), (ref_cpu_best, ref_cpu_median, ref_wall_best))``.
+    """
+    fn(), ref_fn()
+    times: dict = {"row": ([], []), "ref": ([], [])}
+    out = None
+    for _ in range(repeats or REPEATS):
+        for key, f in (("ref", ref_fn), ("row", fn)):
+            t, c = time.perf_counter(), time.process_time()
+            y = f()
+            times[key][0].append(time.process_time() - c)
+            times[key][1].append(time.perf_counter() - t)
+            out = y if key == "row" else out
+    stats = {k: (min(cpu), statistics.median(cpu), min(wall)) for k, (cpu, wall) in times.items()}
+    return out, stats["row"], stats["ref"]
+
+
 def run_model(kind: str, model, steps: int, rows: list) -> None:
     if kind == "digits":
         from dlm.image.metrics import digit_accuracy
         pipe, digits = model, torch.arange(10).repeat(DIGIT_REPEATS)
 
-        def call(net=None):
-            if net is not None:
-                pipe.transformer = net
+        def call(net):
+            pipe.transformer = net
             return pipe(digits=digits, num_inference_steps=steps, generator=torch.Generator().manual_seed(0)).images
 
         def acc(x):
             return round(100 * digit_accuracy(x, digits), 1)
         net = pipe.transformer
     else:
-        def call(net=None):
-            return sample(net if net is not None else model, steps, batch=2, size=LATENT_SIZE.get(kind, 32))
+        def call(net):
+            return sample(net, steps, batch=2, size=LATENT_SIZE.get(kind, 32))
 
         def acc(x):
             return None
         net = model
-    ref, t0, m0, w0 = timed(call)
+    plain = copy.deepcopy(net)  # the uncached twin timed beside every row with --paired
+    ref, t0, m0, w0 = timed(lambda: call(plain))
     rows.append(dict(model=kind, steps=steps, cache="uncached", seconds=round(t0, 3), median=round(m0, 3),
                      wall=round(w0, 3), speedup=1.0, median_speedup=1.0, wall_speedup=1.0, psnr=math.inf,
                      accuracy=acc(ref)))
-    for name, cfg in ours(kind, steps).items():
-        caching.apply(net, cfg)
-        try:
-            x, t, m, w = timed(call)
-        finally:
-            caching.remove(net)
-        rows.append(dict(model=kind, steps=steps, cache=name, seconds=round(t, 3), median=round(m, 3),
-                         wall=round(w, 3), speedup=round(t0 / t, 2), median_speedup=round(m0 / m, 2),
-                         wall_speedup=round(w0 / w, 2),
-                         psnr=round(psnr(x, ref), 2), accuracy=acc(x)))
-        print(rows[-1], flush=True)
-    for name, (attach, before_call) in peer_caches(kind, steps).items():
-        row = dict(model=kind, steps=steps, cache=name)
-        twin = copy.deepcopy(net)  # the peers' hooks have no clean removal across all of them
-        try:
-            attach(twin)
 
-            def cached_call():
-                with before_call(twin):
-                    return call(twin)
-            x, t, m, w = timed(cached_call)
-            row.update(seconds=round(t, 3), median=round(m, 3), wall=round(w, 3), speedup=round(t0 / t, 2),
-                       median_speedup=round(m0 / m, 2), wall_speedup=round(w0 / w, 2), psnr=round(psnr(x, ref), 2), accuracy=acc(x))
-        except Exception as err:  # recorded: the point is where the peers' caches do not apply
-            row.update(error=f"{type(err).__name__}: {str(err)[:80]}")
-        finally:
-            if kind == "digits":
-                model.transformer = net
-        rows.append(row)
-        print(row, flush=True)
+    def measure(name, run):
+        """One row: ``run()`` (a sampling call with a cache attached) timed against uncached."""
+        if PAIRED:
+            x, (t, m, w), (rt, rm, rw) = paired(run, lambda: call(plain))
+        else:
+            x, t, m, w = timed(run)
+            rt, rm, rw = t0, m0, w0
+        return dict(model=kind, steps=steps, cache=name, seconds=round(t, 3), median=round(m, 3), wall=round(w, 3),
+                    speedup=round(rt / t, 2), median_speedup=round(rm / m, 2), wall_speedup=round(rw / w, 2),
+                    psnr=round(psnr(x, ref), 2), accuracy=acc(x), **({"ref_seconds": round(rt, 3)} if PAIRED else {}))
+
+    try:
+        for name, cfg in ours(kind, steps).items():
+            caching.apply(net, cfg)
+            try:
+                rows.append(measure(name, lambda: call(net)))
+            finally:
+                caching.remove(net)
+            print(rows[-1], flush=True)
+        for name, (attach, before_call) in peer_caches(kind, steps).items():
+            twin = copy.deepcopy(plain)  # the peers' hooks have no clean removal across all of them
+            try:
+                attach(twin)
+
+                def run(twin=twin, before_call=before_call):
+                    with before_call(twin):
+                        return call(twin)
+                rows.append(measure(name, run))
+            except Exception as err:  # recorded: the point is where the peers' caches do not apply
+                rows.append(dict(model=kind, steps=steps, cache=name, error=f"{type(err).__name__}: {str(err)[:80]}"))
+            print(rows[-1], flush=True)
+    finally:
+        if kind == "digits":
+            model.transformer = net
 
 
 def peer_caches(kind: str, steps: int) -> dict:
@@ -269,9 +295,13 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", action="store_true",
                     help="also run the cache-dit package's DBCache (with its TaylorSeer calibrator where it works) "
                          "on the transformers, if it is installed (pip install cache-dit)")
+    ap.add_argument("--paired", action="store_true",
+                    help="time an uncached call beside every cached one (alternating) and take each row's "
+                         "speed-up against its own uncached calls: ratios robust to load that drifts during "
+                         "the run (twice the time)")
     args = ap.parse_args(argv)
-    global REPEATS, DIGIT_REPEATS, WITH_DIFFUSERS, ONLY, EXTRA, DIFFUSERS_SWEEP, PEERS
-    PEERS = args.peers
+    global REPEATS, DIGIT_REPEATS, WITH_DIFFUSERS, ONLY, EXTRA, DIFFUSERS_SWEEP, PEERS, PAIRED
+    PEERS, PAIRED = args.peers, args.paired
     try:
         EXTRA = {s.strip(): caching.parse_spec(s.strip()) for s in args.extra.split(";") if s.strip()}
     except ValueError as err:
@@ -299,7 +329,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "caching.json").write_text(json.dumps(rows, indent=1))
-    keys = ["model", "steps", "cache", "seconds", "median", "wall", "speedup", "median_speedup", "wall_speedup", "psnr", "accuracy", "error"]
+    keys = ["model", "steps", "cache", "seconds", "median", "wall", "speedup", "median_speedup", "wall_speedup", "psnr",
+            "accuracy", "ref_seconds", "error"]
     with open(out / "caching.csv", "w", newline="") as f:
         w = csv.DictWriter(f, keys)
         w.writeheader()
