@@ -74,6 +74,7 @@ SOLVERS = {
     "ours:dpmpp-3m": (_ours("dpmpp-3m"), same, True),
     "ours:dpmpp-3m (use_lu_lambdas)": (_ours("dpmpp-3m", use_lu_lambdas=True), same, True),
     "ours:unipc": (_ours("unipc"), same, True),
+    "ours:dpmpp-2m-sde": (_ours("dpmpp-2m-sde"), same, True),
     "diffusers:DDIM": (lambda: DDIMScheduler(**VP, clip_sample=False, set_alpha_to_one=True), same, False),
     "diffusers:DDIM (trailing)": (
         lambda: DDIMScheduler(**VP, clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing"), same, False),
@@ -85,14 +86,20 @@ SOLVERS = {
     "diffusers:DPMSolverMultistep (lu_lambdas)": (lambda: DPMSolverMultistepScheduler(**VP, use_lu_lambdas=True), same, False),
     "diffusers:DPMSolverMultistep (3M, lu_lambdas)": (
         lambda: DPMSolverMultistepScheduler(**VP, solver_order=3, use_lu_lambdas=True), same, False),
+    "diffusers:DPMSolverMultistep (2M SDE)": (
+        lambda: DPMSolverMultistepScheduler(**VP, algorithm_type="sde-dpmsolver++"), same, False),
     "diffusers:UniPC": (lambda: UniPCMultistepScheduler(**VP), same, False),
     "diffusers:UniPC (karras)": (lambda: UniPCMultistepScheduler(**VP, use_karras_sigmas=True), same, False),
     "diffusers:UniPC (trailing)": (lambda: UniPCMultistepScheduler(**VP, timestep_spacing="trailing"), same, False),
 }
 FITTED = ("dpmpp-2m", "dpmpp-3m", "unipc", "plms")
+# stochastic solvers: their noise comes from a generator seeded like the start noise, the same for ours
+# and diffusers' (so the two rows draw the same path)
+STOCHASTIC = ("ours:dpmpp-2m-sde", "diffusers:DPMSolverMultistep (2M SDE)")
 
 
-def run_solver(sched, oracle, x_T, steps=None, timesteps=None):
+def run_solver(sched, oracle, x_T, steps=None, timesteps=None, noise_seed=None):
+    kw = {} if noise_seed is None else {"generator": torch.Generator().manual_seed(noise_seed)}
     if timesteps is not None:
         sched.set_timesteps(timesteps=timesteps)
     else:
@@ -101,7 +108,7 @@ def run_solver(sched, oracle, x_T, steps=None, timesteps=None):
     nfe = 0
     with torch.no_grad():
         for t in sched.timesteps:
-            x = sched.step(oracle(x, t).sample, t, x).prev_sample
+            x = sched.step(oracle(x, t).sample, t, x, **kw).prev_sample
             nfe += 1
     return x, nfe
 
@@ -134,7 +141,8 @@ def bench(oracle, name, n, seed, nfes, log):
         factory, steps_for, ours = SOLVERS[label]
         steps = steps_for(budget)
         t0 = time.perf_counter()
-        x, nfe = run_solver(factory(), oracle, x_T, steps=steps)
+        x, nfe = run_solver(factory(), oracle, x_T, steps=steps,
+                            noise_seed=seed + 1 if label in STOCHASTIC else None)
         rows.append(_row(oracle, name, label, ours, nfe, steps, x, ref_x, seed, time.perf_counter() - t0))
         _log(log, rows[-1])
     # Fitted schedules: on this seed (held out) and on the seed they were fitted on.

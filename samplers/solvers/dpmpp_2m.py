@@ -156,10 +156,47 @@ def dpmpp_2m_update(x, x0, x0_prev, a_s: float, a_t: float, a_prev: Optional[flo
     return (sigma_t / sigma_s) * x + alpha_t * (1.0 - emh) * D
 
 
+def dpmpp_sde_update(x, x0, history, a_s: float, a_t: float, noise):
+    """One SDE-DPM-Solver++ step (Lu et al. 2022, "DPM-Solver++", section on the SDE solver) from level
+    ``a_s`` to ``a_t``: the data-prediction multistep update of the reverse SDE, which adds fresh
+    ``noise`` (``[B, ...]``, standard normal) of variance ``sigma_t^2 (1 - exp(-2h))`` each step.
+
+    history: earlier ``[(x0_1, a_1), (x0_2, a_2)]``, newest first; its length sets the order
+    (0: first order, 1: second order midpoint, 2: third order)::
+
+        x_t = (sigma_t / sigma_s) e^-h x + alpha_t (1 - e^-2h) D0 + c1 D1 + c2 D2 + sigma_t sqrt(1 - e^-2h) z
+
+    with ``c1 = alpha_t (1 - e^-2h) / 2`` at second order and, at third order,
+    ``c1 = alpha_t ((1 - e^-2h) / (-2h) + 1)``, ``c2 = alpha_t ((1 - e^-2h - 2h) / (2h)^2 - 1/2)``;
+    ``D1``, ``D2`` are the same divided differences of the data predictions as the ODE solver's.
+    """
+    alpha_t, sigma_t, sigma_s = math.sqrt(a_t), math.sqrt(1 - a_t), math.sqrt(1 - a_s)
+    alpha_s = math.sqrt(a_s)
+    emh = (sigma_t / alpha_t) / (sigma_s / alpha_s)  # exp(-h), finite at sigma_t = 0
+    one_m_e2 = 1.0 - emh * emh
+    out = (sigma_t / sigma_s * emh) * x + alpha_t * one_m_e2 * x0 + sigma_t * math.sqrt(one_m_e2) * noise
+    if not history or sigma_t == 0:
+        return out
+    h = _lam(a_t) - _lam(a_s)
+    (m1, a1) = history[0]
+    r0 = (_lam(a_s) - _lam(a1)) / h
+    if len(history) == 1:
+        return out + 0.5 * alpha_t * one_m_e2 * (x0 - m1) / r0
+    m2, a2 = history[1]
+    r1 = (_lam(a1) - _lam(a2)) / h
+    e0, e1 = (x0 - m1) / r0, (m1 - m2) / r1
+    d1 = e0 + (r0 / (r0 + r1)) * (e0 - e1)
+    d2 = (e0 - e1) / (r0 + r1)
+    return (out + alpha_t * (one_m_e2 / (-2.0 * h) + 1.0) * d1
+            + alpha_t * ((one_m_e2 - 2.0 * h) / (2.0 * h) ** 2 - 0.5) * d2)
+
+
 class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     """DPM-Solver++ 2M / 3M as a diffusers scheduler; config keys follow ``DPMSolverMultistepScheduler``.
 
-    The deterministic data-prediction multistep method at ``solver_order`` 2 (midpoint) or 3; loading a
+    The data-prediction multistep method at ``solver_order`` 2 (midpoint) or 3, deterministic
+    (``algorithm_type="dpmsolver++"``) or stochastic (``"sde-dpmsolver++"``, :func:`dpmpp_sde_update`;
+    ``step`` takes a ``generator`` or ``variance_noise`` as diffusers' does); loading a
     config that asks for something else (another ``algorithm_type``, ``solver_order=1``, Karras sigmas,
     thresholding, learned variance) raises ``ValueError`` instead of silently changing the method.
     NFE = ``num_inference_steps``.
@@ -216,9 +253,11 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         if solver_type in ("logrho", "bh1", "bh2"):
             solver_type = "midpoint"
             self.register_to_config(solver_type=solver_type)
-        if algorithm_type != "dpmsolver++" or solver_order not in (2, 3) or solver_type != "midpoint":
+        if algorithm_type not in ("dpmsolver++", "sde-dpmsolver++") or solver_order not in (2, 3) or \
+                solver_type != "midpoint":
             raise ValueError(
-                f"{name} implements algorithm_type='dpmsolver++', solver_order=2 or 3, solver_type='midpoint'; got "
+                f"{name} implements algorithm_type='dpmsolver++' or 'sde-dpmsolver++', solver_order=2 or 3, "
+                f"solver_type='midpoint'; got "
                 f"{algorithm_type!r}, {solver_order}, {solver_type!r}: pass those three values to from_config"
             )
         if final_sigmas_type not in ("zero", "sigma_min"):
@@ -281,7 +320,8 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
 
     def _schedule_key(self) -> str:
         """Key of this solver's grids in a fitted-schedule file."""
-        return f"dpmpp-{self.config.solver_order}m"
+        sde = "-sde" if self.config.algorithm_type == "sde-dpmsolver++" else ""
+        return f"dpmpp-{self.config.solver_order}m{sde}"
 
     @property
     def step_index(self):
@@ -336,23 +376,40 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             return (prev,)
         return SolverOutput(prev_sample=prev, pred_original_sample=x0)
 
-    def step(self, model_output, timestep, sample, generator=None, eta: float = 0.0, return_dict: bool = True, **kw):
+    def step(self, model_output, timestep, sample, generator=None, eta: float = 0.0, return_dict: bool = True,
+             variance_noise: Optional[torch.Tensor] = None, **kw):
+        """One step. With ``algorithm_type="sde-dpmsolver++"`` the noise is ``variance_noise`` or drawn
+        from ``generator`` (float32, as diffusers draws it, so the same generator gives the same path)."""
         if eta:
-            raise ValueError("DPM-Solver++ 2M is deterministic; use eta=0 (or DDIMSolver for eta > 0)")
+            raise ValueError("DPM-Solver++ takes no eta (use DDIMSolver for eta > 0, or algorithm_type="
+                             "'sde-dpmsolver++' for the stochastic solver)")
         i, N, a_s, x, x0 = self._begin_step(model_output, timestep, sample)
         a_t = self._alpha_of_sigma(float(self.sigmas[i + 1]))
         cfg = self.config
         last_low = i == N - 1 and (cfg.euler_at_final or (cfg.lower_order_final and N < 15) or cfg.final_sigmas_type == "zero")
         second_last_low = i == N - 2 and cfg.lower_order_final and N < 15
         hist = self._history
-        if not hist or last_low:
+        order = 1 if (not hist or last_low) else (
+            2 if (cfg.solver_order == 2 or len(hist) < 2 or second_last_low) else 3)
+        if cfg.algorithm_type == "sde-dpmsolver++":
+            noise = self._noise(model_output, generator, variance_noise)
+            prev = dpmpp_sde_update(x, x0, hist[:order - 1], a_s, a_t, noise.double())
+        elif order == 1:
             prev = dpmpp_2m_update(x, x0, None, a_s, a_t, None)
-        elif cfg.solver_order == 2 or len(hist) < 2 or second_last_low:
+        elif order == 2:
             prev = dpmpp_2m_update(x, x0, hist[0][0], a_s, a_t, hist[0][1])
         else:
             prev = dpmpp_3m_update(x, x0, hist, a_s, a_t)
         self._history = [(x0, a_s)] + hist[: cfg.solver_order - 2]
         return self._end_step(prev, x0, sample, return_dict)
+
+    @staticmethod
+    def _noise(model_output, generator, variance_noise):
+        if variance_noise is not None:
+            return variance_noise.to(device=model_output.device, dtype=torch.float32)
+        from diffusers.utils.torch_utils import randn_tensor
+
+        return randn_tensor(model_output.shape, generator=generator, device=model_output.device, dtype=torch.float32)
 
 
 def sample_dpmpp_2m(

@@ -85,6 +85,20 @@ SOLVERS: Dict[str, SolverSpec] = {
         "",
         "DPM-Solver++ 3M (data prediction, multistep order 3), NFE = N",
     ),
+    "dpmpp-2m-sde": SolverSpec(
+        "samplers.solvers.dpmpp_2m:DPMSolverPP2M",
+        {"algorithm_type": "sde-dpmsolver++"},
+        "vp",
+        "",
+        "SDE-DPM-Solver++ 2M (stochastic, data prediction, multistep order 2; step takes a generator), NFE = N",
+    ),
+    "dpmpp-3m-sde": SolverSpec(
+        "samplers.solvers.dpmpp_2m:DPMSolverPP2M",
+        {"solver_order": 3, "algorithm_type": "sde-dpmsolver++"},
+        "vp",
+        "",
+        "SDE-DPM-Solver++ 3M (stochastic, data prediction, multistep order 3; step takes a generator), NFE = N",
+    ),
     "unipc": SolverSpec(
         "samplers.solvers.unipc:UniPCSolver",
         {},

@@ -1,6 +1,7 @@
 """Continuous solvers: exactness against diffusers, drop-in use in pipelines, NFE accounting, errors."""
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -109,6 +110,45 @@ def test_dpmpp_multistep_matches_diffusers(steps, cfg, order):
     a, b = _loop(ours, steps, x), _loop(ref, steps, x)
     assert ours.timesteps.tolist() == ref.timesteps.tolist()
     torch.testing.assert_close(a, b, **_tol(torch.float32))
+
+
+@pytest.mark.parametrize("steps", [5, 10, 20, 50])
+@pytest.mark.parametrize("cfg", [{}, {"timestep_spacing": "trailing"},
+                                 {"final_sigmas_type": "sigma_min", "lower_order_final": False},
+                                 {"prediction_type": "v_prediction"}])
+@pytest.mark.parametrize("order", [2, 3])
+def test_dpmpp_sde_matches_diffusers_with_the_same_generator(steps, cfg, order):
+    x = _noise(torch.float32)
+    model = plane_oracle(prediction_type=cfg.get("prediction_type", "epsilon"))
+    ref = DPMSolverMultistepScheduler(algorithm_type="sde-dpmsolver++", solver_order=order, **cfg)
+    ours = DPMSolverPP2M.from_config(ref.config)
+    a, b = _loop(ours, steps, x, model=model, seed=3), _loop(ref, steps, x, model=model, seed=3)
+    torch.testing.assert_close(a, b, **_tol(torch.float32))
+    c = _loop(DPMSolverPP2M.from_config(ref.config), steps, x, model=model, seed=4)
+    assert (a - c).abs().max() > 1e-3  # the noise is really drawn from the generator: another seed, another path
+    ode = _loop(DPMSolverPP2M(solver_order=order, **cfg), steps, x, model=model)
+    assert (a - ode).abs().max() > 1e-3  # and it is not the ODE solver
+
+
+def test_dpmpp_sde_takes_variance_noise_and_registry_names():
+    from samplers.solvers import get_solver
+
+    x = _noise(torch.float32)
+    sched = get_solver("dpmpp-2m-sde")
+    assert sched.config.algorithm_type == "sde-dpmsolver++" and get_solver("dpmpp-3m-sde").config.solver_order == 3
+    sched.set_timesteps(4)
+    t = sched.timesteps[0]
+    z = torch.zeros_like(x)
+    zero_noise = sched.step(ORACLE(x, t).sample, t, x, variance_noise=z).prev_sample
+    sched.set_timesteps(4)
+    with_noise = sched.step(ORACLE(x, t).sample, t, x, variance_noise=torch.ones_like(x)).prev_sample
+    a_t = sched._alpha_of_sigma(float(sched.sigmas[1]))
+    a_s = sched._alpha_of_sigma(float(sched.sigmas[0]))
+    h = 0.5 * (math.log(a_t / (1 - a_t)) - math.log(a_s / (1 - a_s)))
+    expected = math.sqrt(1 - a_t) * math.sqrt(1 - math.exp(-2 * h))  # sigma_t sqrt(1 - e^-2h) per unit of noise
+    torch.testing.assert_close(with_noise - zero_noise, torch.full_like(x, expected), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="sde-dpmsolver"):
+        DPMSolverPP2M(algorithm_type="sde-dpmsolver")
 
 
 @pytest.mark.parametrize("steps", [5, 10, 20, 50])
