@@ -172,10 +172,12 @@ def test_error_is_measured_against_the_forecast():
     f = TaylorFactors(1)
     f.update(torch.zeros(4), 0)
     f.update(torch.ones(4), 1)
-    num, den = f.error(torch.full((4,), 3.0), 3)  # forecast 3 * 1 = 3: exact
+    num, den = f.error(torch.full((4,), 3.0), 3, stride=1)  # forecast 3 * 1 = 3: exact
     assert num == 0 and den == 12
-    num, den = f.error(torch.full((4,), 5.0), 3)
+    num, den = f.error(torch.full((4,), 5.0), 3, stride=1)
     assert num == 8 and den == 20
+    num, den = f.error(torch.tensor([5.0, 9.0, 7.0, 9.0]), 3, stride=2)  # elements 0 and 2 only
+    assert num == 6 and den == 12
     assert f.error(torch.ones(6), 3) == (0.0, 0.0)  # another shape: nothing to compare
 
 
