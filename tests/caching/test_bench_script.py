@@ -28,9 +28,12 @@ def test_head_to_head_takes_our_fastest_row_at_equal_or_better_psnr(bench):
         _row("diffusers FirstBlockCache(0.1)", 1.6, 45.0),
         _row("diffusers TaylorSeer", 1.0, math.inf),  # skipped nothing: no comparison row
         _row("diffusers FirstBlockCache(0.3)", 2.5, 70.0),  # nothing of ours reaches 70 dB
+        _row("cache-dit DBCache(0.2)", 1.2, 41.0),  # cache-dit rows are the field's too
     ]
     out = bench.head_to_head(rows)
-    assert [r["theirs"] for r in out] == ["diffusers FirstBlockCache(0.1)", "diffusers FirstBlockCache(0.3)"]
+    assert [r["theirs"] for r in out] == ["diffusers FirstBlockCache(0.1)", "diffusers FirstBlockCache(0.3)",
+                                          "cache-dit DBCache(0.2)"]
+    assert out[2]["ours"] == "block:c"
     assert out[0]["ours"] == "block:c" and out[0]["ratio"] == round(1.7 / 1.6, 2)
     assert out[1]["ours"] is None and out[1]["ratio"] is None
 
@@ -42,12 +45,15 @@ def test_bad_extra_spec_is_a_one_line_usage_error(bench, capsys):
     assert "--extra: bad cache option 'treshold=0.2'" in capsys.readouterr().err
 
 
-def test_tiny_run_writes_rows_plot_and_head_to_head(bench, tmp_path):
+@pytest.mark.parametrize("paired", [False, True])
+def test_tiny_run_writes_rows_plot_and_head_to_head(bench, tmp_path, paired):
     out = tmp_path / "c"
     assert bench.main(["--models", "digits", "--steps", "3", "--repeats", "1", "--digit-repeats", "1",
                        "--caches", "none", "--extra", "block:threshold=10,warmup_steps=1", "--no-diffusers",
-                       "--out", str(out)]) == 0
+                       "--out", str(out)] + (["--paired"] if paired else [])) == 0
     rows = json.loads((out / "caching.json").read_text())
+    # --paired: every cached row carries the time of the uncached calls made beside it
+    assert all(("ref_seconds" in r) == paired for r in rows[1:]) and "ref_seconds" not in rows[0]
     assert [r["cache"] for r in rows] == ["uncached", "never-skip", "block:threshold=10,warmup_steps=1"]
     assert all(r["model"] == "digits" and r["steps"] == 3 for r in rows)
     assert rows[1]["psnr"] == math.inf  # never-skip reproduces uncached exactly
