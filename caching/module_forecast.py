@@ -6,7 +6,10 @@ with the denoising step, so on a *forecast* step each module returns a Taylor ex
 its outputs at earlier *computed* steps instead of running. Everything between the modules -- the
 adaLN modulation from the current timestep, the norms, the gates, the residual adds -- still runs,
 so a forecast step is not a stale copy of an old step the way whole-block residual reuse
-(``caching.block_cache``) is.
+(``caching.block_cache``) is. The blocks are a transformer's ``transformer_blocks`` (and Flux's
+``single_transformer_blocks``) or, in a UNet, the transformer blocks of its attention layers (SD's
+``Transformer2DModel``s): there the resnets, up/down samplers and skip connections still run, so
+the saving is the attention layers' share of the compute.
 
 The forecast of one module output ``y`` (any shape) is the Newton polynomial through its values at
 the last ``order + 1`` computed steps (``TaylorFactors``): at order 1 exactly TaylorSeer's
@@ -44,8 +47,8 @@ from dataclasses import asdict, dataclass
 import torch
 from diffusers.hooks import ModelHook
 
-from ._core import (RootHook, StepTracker, block_inputs, block_return_indices, find_blocks, register,
-                    split_output, timestep_reader)
+from ._core import (RootHook, StepTracker, block_inputs, block_return_indices, register, split_output,
+                    timestep_reader)
 from .block_cache import relative_l1
 
 
@@ -287,25 +290,37 @@ class ProbeBlockHook(ModelHook):
         return out
 
 
+def block_lists(model: torch.nn.Module) -> list[tuple[str, torch.nn.ModuleList]]:
+    """``[(name, blocks)]``: a transformer's ``transformer_blocks`` (and Flux's
+    ``single_transformer_blocks``), or, in a UNet, every ``transformer_blocks`` list of its attention
+    layers, in forward order (down, mid, up)."""
+    top = getattr(model, "transformer_blocks", None)
+    if isinstance(top, torch.nn.ModuleList) and len(top) > 0:
+        lists = [("transformer_blocks", top)]
+        single = getattr(model, "single_transformer_blocks", None)
+        if isinstance(single, torch.nn.ModuleList):
+            lists.append(("single_transformer_blocks", single))
+        return lists
+    lists = [(name, m) for name, m in model.named_modules()
+             if name.endswith(".transformer_blocks") and isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+    if not lists:
+        raise ValueError(f"{type(model).__name__} has no transformer blocks (attention layers) to forecast")
+    return lists
+
+
 def forecast_targets(model: torch.nn.Module, first_blocks: int, ff: bool) -> dict[str, torch.nn.Module]:
     """``{name: module}`` of the attention (and feed-forward) children of every block after the first
-    ``first_blocks``, over ``transformer_blocks`` and, where present (Flux), ``single_transformer_blocks``."""
+    ``first_blocks`` (counted over all of :func:`block_lists`)."""
     from diffusers.models.attention import AttentionModuleMixin, FeedForward
     from diffusers.models.attention_processor import Attention
 
     kinds = (Attention, AttentionModuleMixin) + ((FeedForward,) if ff else ())
-    lists = [("transformer_blocks", find_blocks(model))]
-    single = getattr(model, "single_transformer_blocks", None)
-    if isinstance(single, torch.nn.ModuleList):
-        lists.append(("single_transformer_blocks", single))
-    targets, index = {}, 0
-    for list_name, blocks in lists:
-        for j, block in enumerate(blocks):
-            if index >= first_blocks:
-                for child_name, child in block.named_children():
-                    if isinstance(child, kinds):
-                        targets[f"{list_name}.{j}.{child_name}"] = child
-            index += 1
+    blocks = [(f"{name}.{j}", b) for name, lst in block_lists(model) for j, b in enumerate(lst)]
+    if first_blocks >= len(blocks):
+        raise ValueError(f"first_blocks must leave a block to forecast; the model has {len(blocks)}, "
+                         f"got first_blocks={first_blocks}")
+    targets = {f"{name}.{child_name}": child for name, block in blocks[first_blocks:]
+               for child_name, child in block.named_children() if isinstance(child, kinds)}
     if not targets:
         raise ValueError(f"{type(model).__name__}: no attention or feed-forward modules after the first "
                          f"{first_blocks} blocks to forecast; lower first_blocks")
@@ -313,13 +328,10 @@ def forecast_targets(model: torch.nn.Module, first_blocks: int, ff: bool) -> dic
 
 
 def apply_forecast(model: torch.nn.Module, config: ForecastConfig) -> StepTracker:
-    """Attach per-module forecasting to a diffusers transformer; returns its tracker."""
+    """Attach per-module forecasting to a diffusers transformer or UNet; returns its tracker."""
     config.validate()
-    blocks = find_blocks(model)
-    if config.first_blocks >= len(blocks):
-        raise ValueError(f"first_blocks must leave a block to forecast; the model has {len(blocks)}, "
-                         f"got first_blocks={config.first_blocks}")
     targets = forecast_targets(model, config.first_blocks, config.ff)
+    blocks = [b for _, lst in block_lists(model) for b in lst]
     tracker = StepTracker()
     driver = ModuleForecast(tracker, config)
     for key, module in targets.items():

@@ -66,8 +66,8 @@ def ours(kind: str, steps: int) -> dict:
     out = {k: v for k, v in out.items() if ONLY is None or k == "never-skip" or k.split(":")[0] in ONLY}
     for spec, cfg in EXTRA.items():  # --extra: operating points named on the command line
         name = spec.split(":")[0]
-        if (name in ("block", "forecast") and unet) or (name == "rehash" and not unet) or (name == "tgate" and kind == "sd3"):
-            continue  # block and forecast need transformer blocks, rehash a UNet, T-GATE cross-attention
+        if (name == "block" and unet) or (name == "rehash" and not unet) or (name == "tgate" and kind == "sd3"):
+            continue  # block needs a transformer's block list, rehash a UNet, T-GATE cross-attention
         out[spec] = cfg
     return out
 

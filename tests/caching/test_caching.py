@@ -20,7 +20,7 @@ MODELS = {"unet": tiny_unet, "pixart": tiny_pixart, "sd3": tiny_sd3}
 
 
 def applies(model, config) -> bool:
-    if isinstance(config, (caching.BlockCacheConfig, caching.ForecastConfig)) and hasattr(model, "up_blocks"):
+    if isinstance(config, caching.BlockCacheConfig) and hasattr(model, "up_blocks"):
         return False  # no transformer_blocks list
     if isinstance(config, caching.TGateConfig) and type(model).__name__.startswith("SD3"):
         return False  # joint attention, no cross-attention

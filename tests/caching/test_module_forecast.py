@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from diffusers import UNet2DModel
+
 import caching
 from caching.module_forecast import TaylorFactors
 from tests.caching.tiny import sample, tiny_pixart, tiny_sd3, tiny_unet
@@ -140,8 +142,12 @@ def test_forecast_validation(models):
     assert caching.parse_spec("forecast:interval=5,ff=0") == caching.ForecastConfig(interval=5, ff=False)
     with pytest.raises(ValueError, match="first_blocks must leave a block"):
         caching.apply(models["pixart"], caching.ForecastConfig(first_blocks=len(models["pixart"].transformer_blocks)))
-    with pytest.raises(ValueError, match="use DeepCacheConfig"):
-        caching.apply(tiny_unet(), caching.ForecastConfig())
+    torch.manual_seed(0)
+    no_attention = UNet2DModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+                               block_out_channels=(16, 32), norm_num_groups=8,
+                               down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
+    with pytest.raises(ValueError, match="no transformer blocks"):
+        caching.apply(no_attention, caching.ForecastConfig())
     assert not any(hasattr(m, "_diffusers_hook") for m in models["pixart"].modules())
 
 
@@ -186,3 +192,21 @@ def test_tolerance_validation():
         caching.ForecastConfig(tolerance=0.1, threshold=0.1).validate()
     with pytest.raises(ValueError, match="tolerance must be >= 0"):
         caching.parse_spec("forecast:tolerance=-1")
+
+
+def test_unet_attention_layers_are_forecast():
+    model = tiny_unet()
+    blocks = [m for m in model.modules() if type(m).__name__ == "BasicTransformerBlock"]
+    first, later = inner_calls(blocks[0].attn1), inner_calls(blocks[-1].attn2)
+    try:
+        ref = sample(model, STEPS)
+        first.n = later.n = 0
+        tracker = caching.apply(model, caching.ForecastConfig(interval=3, warmup_steps=2))
+        out = sample(model, STEPS)
+        assert first.n == STEPS and later.n == 4  # the first block is the probe; the others: steps 0, 1, 2, 5
+        assert tracker.counters["steps_cached"] == 4
+        assert not torch.equal(out, ref) and (out - ref).abs().max() < 0.5 * ref.abs().max()
+    finally:
+        first.handle.remove()
+        later.handle.remove()
+        caching.remove(model)
