@@ -85,10 +85,11 @@ def diffusers_caches() -> dict:
         for interval, before, order in ((3, 3, 1), (4, 3, 1), (5, 3, 2), (3, 3, 2)):
             cfg = TaylorSeerCacheConfig(cache_interval=interval, disable_cache_before_step=before, max_order=order)
             out[f"diffusers TaylorSeer(interval={interval},order={order})"] = (apply_taylorseer_cache, cfg)
-        # its default identifiers hook only modules named `attn` (none on PixArt or digits, whose are
-        # attn1/attn2) and store factors in bfloat16; this row hooks every attention and feed-forward
-        # module of the blocks in float32, the same coverage as our `forecast` rows
-        every = [r"^(single_)?transformer_blocks\.\d+\.(attn\d?|ff|ff_context)$"]
+        # its default identifiers hook only modules named `attn` (none on PixArt, digits or SD UNets,
+        # whose are attn1/attn2) and store factors in bfloat16; this row hooks every attention and
+        # feed-forward module of the transformer blocks (a UNet's too) in float32, the same coverage
+        # as our `forecast` rows
+        every = [r"^(.*\.)?(single_)?transformer_blocks\.\d+\.(attn\d?|ff|ff_context)$"]
         for interval in (4, 5):
             cfg = TaylorSeerCacheConfig(cache_interval=interval, cache_identifiers=every,
                                         taylor_factors_dtype=torch.float32)
