@@ -15,10 +15,10 @@ learned to copy from the prompt (0% on every task after 3,400 steps; on a toy co
 300 steps), while t ~ U(0.5, 1) with a plain mean reached 100% on the toy task by step 200. Fresh
 training-split examples are generated on the fly.
 
-The shipped checkpoint (dlm/tiny/checkpoints/tiny-dlm, "v2", 1.29M parameters, 6 layers) is stage 8
-below: stages 1-3 (v1, 106 minutes), then stage 6 (90 minutes) and stage 8 (75 minutes), all on one
-CPU thread, 271 minutes in all. v1 (stages 1-3 only) was the shipped checkpoint until 2026-11-23; it
-is in git history (dlm/tiny/checkpoints/tiny-dlm at commit 82ce8da). Stages 1-3 (a concurrent
+The shipped checkpoint (dlm/tiny/checkpoints/tiny-dlm, "v2.1", 1.29M parameters, 6 layers) is stage
+10 below: stages 1-3 (v1, 106 minutes), then stages 6 (90), 8 (75), 9 (40) and 10 (105), all on one
+CPU thread, 416 minutes in all. Earlier shipped checkpoints are in git history
+(dlm/tiny/checkpoints/tiny-dlm): v1 (stages 1-3) at commit 82ce8da, v2 (stage 8) at commit 6067b7c. Stages 1-3 (a concurrent
 from-scratch run with stage 2's settings for 64 minutes reached copy and remove_index but stayed at
 0% on reverse and sort):
 
@@ -103,7 +103,7 @@ masking almost never trains (random order scores 54.6 vs confidence 48.2 at TPF 
 snapshot). --eos-revealed 0.3 (stage 7, 33 min, 3,046 steps) gave 50.9 / 66.7 on list edits, mean
 45.5 / 53.8: within noise of stage 6 at a similar step count, so it is not the fix on its own.
 
-Stage 8 (the shipped v2): stage 6's recipe continued from stage 6 with a fresh warm-up and cosine,
+Stage 8 (v2, shipped until stage 10): stage 6's recipe continued from stage 6 with a fresh warm-up and cosine,
 uncontended, 75 min, 7,586 steps (0.59 s/step). n = 50 test prompts per task, same run of the eval:
 
     python scripts/train_tiny_dlm.py --init /tmp/stage6 --out /tmp/stage8 --max-minutes 75 \
@@ -128,15 +128,28 @@ at n = 50 / 24), most on puzzles; list edits are still slightly inverted (64.2 v
 issue's targets (mean 70, list edits 90, arithmetic 50) are not met. A step-3,173 snapshot of stage 8
 scored 55.6 at TPF 1 (n = 24): the gain came late, at low learning rate.
 
-Stage 9 (an experiment after v2 shipped, not shipped: every v2 table in docs/ is stage 8's): 40 min
+Stage 9 (an experiment after v2 shipped, the start of stage 10): 40 min
 more from stage 8 with arithmetic up-weighted (6) and lr 2e-4, 4,107 steps. Same eval, n = 50:
 list edits 66.4 / 68.0, arithmetic 22.0 / 18.0, puzzles 86.0 / 56.0, mean 66.0 / 61.8 (stage 8: 63.7 /
-61.0). A candidate for the next checkpoint, with the docs' tables re-run on it:
+61.0):
 
     python scripts/train_tiny_dlm.py --init /tmp/stage8 --out /tmp/stage9 --max-minutes 40 \
         --threads 1 --lr 2e-4 --warmup 100 --min-mask-ratio 0 --loss-weighting row-mean \
         --task-weights reverse=1,sort=2,insert_index=1,remove_index=1,replace_index=1,arithmetic=6,sudoku=1,latin=1 \
         --seed 9 --save-every-min 10 --eval-every-min 1000
+
+Stage 10 (the shipped v2.1): 105 min more from stage 9, the random list edits up-weighted (2.5; they
+were down-weighted to 0.7 until then, and scored 4-16%: at one token per step the model repeated
+names, "shuffle: cyd uma jo ana" -> "ana jo ana ana") and arithmetic at 5. 7,881 steps at 0.80 s/step
+(benchmarks ran on the other core). Same eval, n = 50, TPF 1 / 8: list edits 77.3 / 70.7 (shuffle
+40 / 2, insert_random 44 / 4, replace_random 36 / 42), arithmetic 18.0 / 16.0, puzzles 85.0 / 61.0,
+mean 73.7 / 64.5 (v2: 63.7 / 61.0). Over TPF 1 / 2 / 4 / 8 (--n 24 --steps 64,32,16,8): mean 75.3 /
+68.1 / 64.9 / 66.0.
+
+    python scripts/train_tiny_dlm.py --init /tmp/stage9 --out /tmp/stage10 --max-minutes 105 \
+        --threads 1 --lr 2e-4 --warmup 100 --min-mask-ratio 0 --loss-weighting row-mean \
+        --task-weights reverse=1,sort=2,insert_index=1,remove_index=0.7,replace_index=1,shuffle=2.5,insert_random=2.5,replace_random=2.5,arithmetic=5,sudoku=1,latin=1 \
+        --seed 10 --save-every-min 10 --eval-every-min 1000
 """
 from __future__ import annotations
 
