@@ -109,23 +109,31 @@ def test_fixed_schedule_runs_modules_only_on_computed_steps(models, name, ff):
     assert tracker.counters["steps_cached"] == 4 and tracker.counters["steps_computed"] == 4
 
 
+ADAPTIVE = [  # (a setting that never forecasts, one that forecasts whenever the cap allows)
+    # probe: no change is under 1e-12, every change is under 10; cap 3 -> computed 0, 1, 4, 7
+    (caching.ForecastConfig(threshold=1e-12, interval=3, warmup_steps=2),
+     caching.ForecastConfig(threshold=10.0, interval=3, warmup_steps=2)),
+    # error control: no forecast meets 1e-12; every one meets 1e9, so the gap doubles -> 0, 1, 2, 4
+    (caching.ForecastConfig(tolerance=1e-12, interval=8), caching.ForecastConfig(tolerance=1e9, interval=8)),
+]
+
+
+@pytest.mark.parametrize("never,always", ADAPTIVE, ids=["probe", "error-control"])
 @pytest.mark.parametrize("name", ["pixart", "sd3"])
-def test_adaptive_schedule_follows_the_probe(models, name):
+def test_adaptive_schedules_compute_what_they_decide(models, name, never, always):
     model = models[name]
     ref = sample(model, STEPS)
     attn1 = getattr(model.transformer_blocks[1], "attn1", None) or model.transformer_blocks[1].attn
     counter = inner_calls(attn1)
     try:
-        # a threshold no change is under: never forecasts, so the output is the uncached one
-        tracker = caching.apply(model, caching.ForecastConfig(threshold=1e-12, interval=3, warmup_steps=2))
-        assert torch.equal(sample(model, STEPS), ref)
+        tracker = caching.apply(model, never)
+        assert torch.equal(sample(model, STEPS), ref)  # never forecasts: the uncached output, bit for bit
         assert tracker.counters["steps_cached"] == 0 and counter.n == STEPS
         caching.remove(model)
         counter.n = 0
-        # a threshold every change is under: forecast as long as the interval allows
-        tracker = caching.apply(model, caching.ForecastConfig(threshold=10.0, interval=3, warmup_steps=2))
+        tracker = caching.apply(model, always)
         out = sample(model, STEPS)
-        assert counter.n == 4 and tracker.counters["steps_cached"] == 4  # computed 0, 1, 4, 7
+        assert counter.n == 4 and tracker.counters["steps_cached"] == 4
         assert not torch.equal(out, ref)
     finally:
         counter.handle.remove()
@@ -149,29 +157,6 @@ def test_forecast_validation(models):
     with pytest.raises(ValueError, match="no transformer blocks"):
         caching.apply(no_attention, caching.ForecastConfig())
     assert not any(hasattr(m, "_diffusers_hook") for m in models["pixart"].modules())
-
-
-@pytest.mark.parametrize("name", ["pixart", "sd3"])
-def test_error_control_schedule(models, name):
-    model = models[name]
-    ref = sample(model, STEPS)
-    attn1 = getattr(model.transformer_blocks[1], "attn1", None) or model.transformer_blocks[1].attn
-    counter = inner_calls(attn1)
-    try:
-        # no forecast ever meets a tolerance this small: every step is computed, output exact
-        tracker = caching.apply(model, caching.ForecastConfig(tolerance=1e-12, interval=8))
-        assert torch.equal(sample(model, STEPS), ref)
-        assert counter.n == STEPS and tracker.counters["steps_cached"] == 0
-        caching.remove(model)
-        counter.n = 0
-        # every forecast meets a huge one: the gap doubles after each check (1, 2, 4), warm-up 0-2
-        tracker = caching.apply(model, caching.ForecastConfig(tolerance=1e9, interval=8))
-        out = sample(model, STEPS)
-        assert counter.n == 4 and tracker.counters["steps_computed"] == 4  # computed 0, 1, 2, 4
-        assert not torch.equal(out, ref)
-    finally:
-        counter.handle.remove()
-        caching.remove(model)
 
 
 def test_error_is_measured_against_the_forecast():
