@@ -112,7 +112,8 @@ class TaylorFactors:
     """Newton forecast of one module's outputs (a tensor or a tuple of tensors / None).
 
     Keeps the outputs of the last ``order + 1`` computed steps ``s_0 > s_1 > ...`` (references, no
-    copy) and, on the first forecast after a computed step, their divided differences
+    copy: diffusers' blocks scale these outputs into new tensors rather than in place, which
+    ``test_forecast_steps_extrapolate_the_computed_outputs`` checks on PixArt and SD3) and, on the first forecast after a computed step, their divided differences
     ``f_0 = y(s_0)``, ``f_1 = y[s_0, s_1]``, ``f_2 = y[s_0, s_1, s_2]``; the forecast at ``s`` is
     ``f_0 + f_1 (s - s_0) + f_2 (s - s_0)(s - s_1)``. Order 1 is TaylorSeer's ``f_0 + f_1 d``. At
     order 2 Newton's form is exact for outputs quadratic in the step at any spacing (the adaptive
