@@ -145,10 +145,11 @@ class TaylorFactors:
                              for i in range(len(self.nodes[0]))]
         return self._factors
 
-    def error(self, out, step: int, stride: int = 16) -> tuple[float, float]:
-        """``(sum |forecast - out|, sum |out|)`` at ``step`` over every ``stride``-th element, before
-        ``out`` is recorded; (0, 0) when there is nothing to forecast from (no earlier step, or the
-        shape changed). The subsample keeps the check at about 1/``stride`` of a forecast's cost."""
+    def error(self, out, step: int, stride: int = 16):
+        """``(sum |forecast - out|, sum |out|)`` at ``step`` over every ``stride``-th element, as float64
+        0-d tensors (no host read here: the caller reads the step's total once), before ``out`` is
+        recorded; (0, 0) when there is nothing to forecast from (no earlier step, or the shape changed).
+        The subsample keeps the check at about 1/``stride`` of a forecast's cost."""
         outs = out if isinstance(out, tuple) else (out,)
         if not self.steps or not _same_shapes(self.nodes[0], outs):
             return 0.0, 0.0
@@ -159,8 +160,8 @@ class TaylorFactors:
             ys = [n[i].reshape(-1)[::stride] for n in self.nodes]
             pred = _newton_value(_divided_differences(ys, self.steps), self.steps, step)
             y = y.reshape(-1)[::stride]
-            num += float((pred - y).abs().sum())
-            den += float(y.abs().sum())
+            num = num + (pred - y).abs().sum().double()
+            den = den + y.abs().sum().double()
         return num, den
 
     def predict(self, step: int):
@@ -220,7 +221,7 @@ class ModuleForecast:
         have met ``tolerance`` is ``g (tolerance / e)^(1 / (p + 1))``, taken with a 0.9 safety factor,
         at most doubled, within [1, interval] (the step-size rule of adaptive ODE solvers).
         """
-        num, den = st.pop("err", (0.0, 0.0))
+        num, den = (float(v) for v in st.pop("err", (0.0, 0.0)))  # one host read per computed step
         st.setdefault("next", 0)
         if den == 0 or step != st.get("checked_step", -1) + 1:
             return  # only right after a computed step with a measured error

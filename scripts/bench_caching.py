@@ -223,7 +223,7 @@ def peer_caches(kind: str, steps: int) -> dict:
     if WITH_DIFFUSERS:
         for name, (apply_fn, cfg) in diffusers_caches().items():
             out[name] = ((lambda net, f=apply_fn, c=cfg: f(net, c)), diffusers_call)
-    if PEERS and kind != "unet" and not kind.startswith("unet"):
+    if PEERS and not kind.startswith("unet"):  # cache-dit does not support SD UNets
         out.update(cache_dit_caches(kind, steps))
     return out
 
