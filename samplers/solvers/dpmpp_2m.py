@@ -120,19 +120,25 @@ def _lam(a: float) -> float:
     return 0.5 * (math.log(a) - math.log1p(-a))
 
 
+def _third_order_differences(x0, history, a_s: float, h: float):
+    """``(D1, D2)`` of the third-order multistep update (ODE and SDE alike): divided differences of the
+    data predictions ``x0`` (at ``a_s``) and ``history = [(x0_1, a_1), (x0_2, a_2)]`` in log-SNR,
+    scaled by the step ``h``."""
+    (m1, a1), (m2, a2) = history
+    r0, r1 = (_lam(a_s) - _lam(a1)) / h, (_lam(a1) - _lam(a2)) / h
+    e0, e1 = (x0 - m1) / r0, (m1 - m2) / r1
+    return e0 + (r0 / (r0 + r1)) * (e0 - e1), (e0 - e1) / (r0 + r1)
+
+
 def dpmpp_3m_update(x, x0, history, a_s: float, a_t: float):
     """One third-order DPM-Solver++ step from ``a_s`` to ``a_t`` (``alpha_bar`` values, ``a_t < 1``).
 
     history: ``[(x0_1, a_1), (x0_2, a_2)]``, the data predictions and levels of the two previous steps,
     newest first. Formula in the module docstring.
     """
-    (m1, a1), (m2, a2) = history
     alpha_t, sigma_t, sigma_s = math.sqrt(a_t), math.sqrt(1 - a_t), math.sqrt(1 - a_s)
     h = _lam(a_t) - _lam(a_s)
-    r0, r1 = (_lam(a_s) - _lam(a1)) / h, (_lam(a1) - _lam(a2)) / h
-    e0, e1 = (x0 - m1) / r0, (m1 - m2) / r1
-    d1 = e0 + (r0 / (r0 + r1)) * (e0 - e1)
-    d2 = (e0 - e1) / (r0 + r1)
+    d1, d2 = _third_order_differences(x0, history, a_s, h)
     phi1 = math.expm1(-h)  # exp(-h) - 1
     return ((sigma_t / sigma_s) * x - alpha_t * phi1 * x0 + alpha_t * (phi1 / h + 1.0) * d1
             - alpha_t * ((phi1 + h) / h**2 - 0.5) * d2)
@@ -182,11 +188,7 @@ def dpmpp_sde_update(x, x0, history, a_s: float, a_t: float, noise):
     r0 = (_lam(a_s) - _lam(a1)) / h
     if len(history) == 1:
         return out + 0.5 * alpha_t * one_m_e2 * (x0 - m1) / r0
-    m2, a2 = history[1]
-    r1 = (_lam(a1) - _lam(a2)) / h
-    e0, e1 = (x0 - m1) / r0, (m1 - m2) / r1
-    d1 = e0 + (r0 / (r0 + r1)) * (e0 - e1)
-    d2 = (e0 - e1) / (r0 + r1)
+    d1, d2 = _third_order_differences(x0, history, a_s, h)
     return (out + alpha_t * (one_m_e2 / (-2.0 * h) + 1.0) * d1
             + alpha_t * ((one_m_e2 - 2.0 * h) / (2.0 * h) ** 2 - 0.5) * d2)
 
