@@ -218,14 +218,52 @@ def run_model(kind: str, model, steps: int, rows: list) -> None:
 
 def peer_caches(kind: str, steps: int) -> dict:
     """``{row name: (attach(model), before_call(model) -> context manager)}`` for the field's caches:
-    diffusers' (unless --no-diffusers) and, with --peers, the cache-dit package's DBCache."""
+    diffusers' (unless --no-diffusers) and, with --peers, the cache-dit package's DBCache on the
+    transformers and the DeepCache package on the UNets."""
     out = {}
     if WITH_DIFFUSERS:
         for name, (apply_fn, cfg) in diffusers_caches().items():
             out[name] = ((lambda net, f=apply_fn, c=cfg: f(net, c)), diffusers_call)
     if PEERS and not kind.startswith("unet"):  # cache-dit does not support SD UNets
         out.update(cache_dit_caches(kind, steps))
+    if PEERS and kind.startswith("unet"):
+        out.update(deepcache_package_caches(steps))
     return out
+
+
+def deepcache_package_caches(steps: int) -> dict:
+    """The ``DeepCache`` package's ``DeepCacheSDHelper`` (``pip install DeepCache``) on a bare UNet.
+
+    The helper wraps ``pipe.unet``'s blocks and finds the step index by looking the timestep up in
+    ``pipe.scheduler.timesteps``, so it gets a stand-in pipeline holding the UNet and the scheduler
+    ``tests.caching.tiny.sample`` uses. It reads the timestep with ``.item()`` (a pipeline passes one
+    scalar), and ``sample`` passes one per batch row, so the UNet's forward gets the first row's value
+    (all rows share it). Rows: its README's setting (interval 3, branch 0) and interval 2."""
+    try:
+        from DeepCache import DeepCacheSDHelper
+    except ImportError:
+        print("--peers: DeepCache is not installed (pip install DeepCache); its rows are skipped", flush=True)
+        return {}
+    from types import SimpleNamespace
+
+    from tests.caching.tiny import ddim_scheduler
+
+    def attach(interval, branch):
+        def run(net):
+            sched = ddim_scheduler()
+            sched.set_timesteps(steps)
+            helper = DeepCacheSDHelper(pipe=SimpleNamespace(unet=net, scheduler=sched))
+            helper.set_params(cache_interval=interval, cache_branch_id=branch)
+            helper.enable()
+            wrapped = net.forward
+
+            def one_timestep(sample, timestep, *args, **kwargs):
+                return wrapped(sample, timestep.reshape(-1)[0], *args, **kwargs)
+            net.forward = one_timestep
+        return run
+
+    return {f"DeepCache package(interval={i},branch={b})": (attach(i, b), lambda net: contextlib.nullcontext())
+            for i, b in ((3, 0), (2, 0))}
 
 
 @contextlib.contextmanager
@@ -294,8 +332,9 @@ def main(argv=None) -> int:
                     help="also run diffusers' FirstBlockCache at thresholds 0.05/0.2/0.3 and TaylorSeer at "
                          "several intervals and orders (their frontier, not just their defaults)")
     ap.add_argument("--peers", action="store_true",
-                    help="also run the cache-dit package's DBCache (with its TaylorSeer calibrator where it works) "
-                         "on the transformers, if it is installed (pip install cache-dit)")
+                    help="also run the peer packages where they are installed: cache-dit's DBCache (with its "
+                         "TaylorSeer calibrator where it works) on the transformers (pip install cache-dit), "
+                         "the DeepCache package on the UNets (pip install DeepCache)")
     ap.add_argument("--paired", action="store_true",
                     help="time an uncached call beside every cached one (alternating) and take each row's "
                          "speed-up against its own uncached calls: ratios robust to load that drifts during "
@@ -345,8 +384,8 @@ def main(argv=None) -> int:
 
 
 def is_peer(cache: str) -> bool:
-    """A row of the field's code (diffusers' caches, cache-dit), not of ours."""
-    return cache.startswith(("diffusers", "cache-dit"))
+    """A row of the field's code (diffusers' caches, cache-dit, the DeepCache package), not of ours."""
+    return cache.startswith(("diffusers", "cache-dit", "DeepCache package"))
 
 
 def head_to_head(rows) -> list:

@@ -60,6 +60,12 @@ def kind_of(model) -> str:
 
 
 @torch.no_grad()
+def ddim_scheduler() -> DDIMScheduler:
+    """SD 1.5's DDIM configuration, the scheduler `sample` uses for every model but SD3."""
+    return DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
+                         clip_sample=False, set_alpha_to_one=False, steps_offset=1)
+
+
 def sample(model, steps: int = 10, seed: int = 0, batch: int = 1, guidance: float = 4.0,
            init: torch.Tensor | None = None, strength: float = 1.0, size: int = 8) -> torch.Tensor:
     """Latents ``[batch, 4, size, size]`` after ``steps`` CFG steps; img2img when ``init`` is given."""
@@ -73,8 +79,7 @@ def sample(model, steps: int = 10, seed: int = 0, batch: int = 1, guidance: floa
         sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
         pooled = torch.cat([torch.zeros(batch, TEXT_DIM), torch.randn(batch, TEXT_DIM, generator=g)])
     else:
-        sched = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
-                              clip_sample=False, set_alpha_to_one=False, steps_offset=1)
+        sched = ddim_scheduler()
     sched.set_timesteps(steps)
     timesteps = sched.timesteps
     if init is None:
