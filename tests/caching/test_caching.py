@@ -171,6 +171,57 @@ def test_deepcache_unet_skips_deep_blocks(models):
         caching.remove(model)
 
 
+def test_deepcache_shallow_layers_runs_only_the_branch_layers():
+    """shallow_layers=1 (DeepCache's branch 0): on cached steps the outermost up block runs only its
+    last layer and the outermost down block nothing; shallow_layers=all up layers reproduces the
+    whole-block cache exactly (the down block's downsampler feeds only cached deep blocks)."""
+    from tests.caching.tiny import tiny_sd_unet
+
+    model = tiny_sd_unet()
+    up, down = model.up_blocks[-1], model.down_blocks[0]
+    calls = {"up_first": 0, "up_last": 0, "down_first": 0}
+    # a sub-module of each resnet: the cache hook sits on the resnet itself (its pre-hooks always fire)
+    watched = {"up_first": up.resnets[0].conv1, "up_last": up.resnets[-1].conv1, "down_first": down.resnets[0].conv1}
+    handles = [m.register_forward_pre_hook(lambda m, a, k=k: calls.__setitem__(k, calls[k] + 1))
+               for k, m in watched.items()]
+    try:
+        whole = caching.DeepCacheConfig(interval=3, warmup_steps=1)
+        caching.apply(model, whole)
+        ref = sample(model, STEPS)
+        caching.remove(model)
+        calls.update(dict.fromkeys(calls, 0))
+        tracker = caching.apply(model, caching.DeepCacheConfig(interval=3, warmup_steps=1, shallow_layers=1))
+        out = sample(model, STEPS)
+        full = 4  # steps 0 (warm-up), 1, 4, 7
+        assert calls == {"up_first": full, "up_last": STEPS, "down_first": full}
+        assert tracker.counters["blocks_skipped"] > 0 and not torch.equal(out, ref)
+        caching.remove(model)
+        caching.apply(model, caching.DeepCacheConfig(interval=3, warmup_steps=1, shallow_layers=len(up.resnets)))
+        assert torch.equal(sample(model, STEPS), ref)
+    finally:
+        for h in handles:
+            h.remove()
+        caching.remove(model)
+
+
+@pytest.mark.parametrize("cfg,match", [(caching.DeepCacheConfig(shallow=2, shallow_layers=1), "needs shallow=1"),
+                                       (caching.DeepCacheConfig(shallow_layers=-1), "shallow_layers must be >= 0"),
+                                       (caching.DeepCacheConfig(shallow_layers=4), "between 1 and")])
+def test_deepcache_shallow_layers_validation(cfg, match):
+    from tests.caching.tiny import tiny_sd_unet
+
+    model = tiny_sd_unet()
+    with pytest.raises(ValueError, match=match):
+        caching.apply(model, cfg)
+    assert not any(hasattr(m, "_diffusers_hook") for m in model.modules())
+
+
+def test_deepcache_shallow_layers_refused_on_a_transformer(models):
+    with pytest.raises(ValueError, match="for a transformer use first_blocks"):
+        caching.apply(models["pixart"], caching.DeepCacheConfig(shallow_layers=1))
+    assert not any(hasattr(m, "_diffusers_hook") for m in models["pixart"].modules())
+
+
 def test_tracker_steps_branches_and_runs():
     tr = StepTracker()
     seen = []
