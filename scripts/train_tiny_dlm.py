@@ -150,6 +150,19 @@ mean 73.7 / 64.5 (v2: 63.7 / 61.0). Over TPF 1 / 2 / 4 / 8 (--n 24 --steps 64,32
         --threads 1 --lr 2e-4 --warmup 100 --min-mask-ratio 0 --loss-weighting row-mean \
         --task-weights reverse=1,sort=2,insert_index=1,remove_index=0.7,replace_index=1,shuffle=2.5,insert_random=2.5,replace_random=2.5,arithmetic=5,sudoku=1,latin=1 \
         --seed 10 --save-every-min 10 --eval-every-min 1000
+
+Arithmetic (18% at every stage since v1): `scripts/probe_tiny_dlm_arithmetic.py` shows why. With the
+answer masked from a step's result on (so the result cannot be copied from the next step, which repeats
+it), v2.1 predicts the result of `+` 14% of the time, `-` 33%, `*` 30% (200 prompts); on two-digit sums
+the tens digit is right 83% of the time and the ones digit 13%: it has learned a sum's magnitude, not
+its last digit. Two attempts from stage 10, both stopped without a gain (an earlier session, 2026-11-23):
+  - stage 11: stage 10's recipe with arithmetic=12 (about 40% of the rows) and lr 3e-4: after 1,604 steps
+    (20 min) the probe read `+` 18%, `-` 38%, `*` 27%; decoded accuracy 14% (50 prompts);
+  - stage 12: the same with arithmetic=8, 60% semi-autoregressive rows and block sizes down to 1 (a
+    clean prefix and a fully masked suffix, the state in which a result must be computed): 445 steps,
+    probe unchanged (`+` 14%); lost to a machine restart before a longer run.
+Untested directions: numbers as single tokens (a lookup instead of digit carries), an answer format
+with the ones digit first, or a larger model; each needs hours of CPU training, not minutes.
 """
 from __future__ import annotations
 
