@@ -4,7 +4,7 @@ Sequence: prompt + "\\n" + answer + <eos> padding the response to R = 64 tokens 
 are single tokens, see `learn_word_vocabulary`; rotary positions restart after the separator, see
 `TinyDLMModel.dlm_position_ids`). Only response tokens are masked:
   - random pattern: t ~ U(--min-mask-ratio, 1), each response position masked with probability t;
-  - semi-autoregressive pattern (a fraction `--semi-ar`): block size b in {8, 16, 32}, a clean
+  - semi-autoregressive pattern (a fraction `--semi-ar`): block size b in `--semi-ar-blocks` (default 8, 16, 32), a clean
     prefix of k*b response tokens, random masking (prob t) inside the next block, everything after
     it fully masked, as blockwise left-to-right decoding sees it.
 Loss: cross-entropy on masked positions, averaged over them (`--loss-weighting mean`, default), or
@@ -160,7 +160,13 @@ its last digit. Two attempts from stage 10, both stopped without a gain (an earl
     (20 min) the probe read `+` 18%, `-` 38%, `*` 27%; decoded accuracy 14% (50 prompts);
   - stage 12: the same with arithmetic=8, 60% semi-autoregressive rows and block sizes down to 1 (a
     clean prefix and a fully masked suffix, the state in which a result must be computed): 445 steps,
-    probe unchanged (`+` 14%); lost to a machine restart before a longer run.
+    probe unchanged (`+` 14%), then the run was killed with the shell that had started it:
+
+    python scripts/train_tiny_dlm.py --init /tmp/stage10 --out /tmp/stage12 --max-minutes 75 \
+        --threads 1 --lr 3e-4 --warmup 100 --min-mask-ratio 0 --loss-weighting row-mean --semi-ar 0.6 \
+        --semi-ar-blocks 1,2,4,8,16,32 --task-weights reverse=1,sort=2,insert_index=1,remove_index=0.7,replace_index=1,shuffle=2.5,insert_random=2.5,replace_random=2.5,arithmetic=8,sudoku=1,latin=1 \
+        --seed 12 --save-every-min 8 --eval-every-min 1000
+
 Untested directions: numbers as single tokens (a lookup instead of digit carries), an answer format
 with the ones digit first, or a larger model; each needs hours of CPU training, not minutes.
 """
@@ -232,7 +238,8 @@ def sample_train_example(task, rng: random.Random):
 def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_ar: float,
                 no_sep: float, gen: torch.Generator, short_resp: float = 0.0,
                 full_mask: float = 0.0, min_mask_ratio: float = 0.5, loss_weighting: str = "mean",
-                mask_ratio_power: float = 1.0, eos_revealed: float = 0.0):
+                mask_ratio_power: float = 1.0, eos_revealed: float = 0.0,
+                semi_ar_blocks: tuple[int, ...] = (8, 16, 32)):
     """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
 
     With probability `short_resp` the whole batch uses a shorter response (its longest answer plus
@@ -274,7 +281,7 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
     semi = torch.rand(B, generator=gen) < semi_ar
     pos = torch.arange(R)
     for i in torch.nonzero(semi).flatten().tolist():
-        b = rng.choice((8, 16, 32))
+        b = rng.choice(semi_ar_blocks)
         start = b * rng.randrange(-(-R // b))
         end = start + b
         m = (u[i] < t[i]) & (pos >= start) & (pos < end)
@@ -373,6 +380,8 @@ def main(argv=None):
     ap.add_argument("--max-minutes", type=float, default=50.0,
                     help="wall-time cap; the cosine schedule is laid out over this time")
     ap.add_argument("--semi-ar", type=float, default=0.4)
+    ap.add_argument("--semi-ar-blocks", default="8,16,32",
+                    help="block sizes a semi-AR row draws from; 1 gives a clean prefix and a masked suffix")
     ap.add_argument("--no-sep", type=float, default=0.0)
     ap.add_argument("--min-mask-ratio", type=float, default=0.5,
                     help="mask ratio t ~ U(min, 1). LLaDA uses ~0; on a toy copy task with this model, "
@@ -460,7 +469,8 @@ def main(argv=None):
         x, clean, att, w, P = build_batch(tasks, weights, tok, rng, args.batch_size,
                                           args.semi_ar, args.no_sep, gen, args.short_resp,
                                           args.full_mask, args.min_mask_ratio, args.loss_weighting,
-                                          args.mask_ratio_power, args.eos_revealed)
+                                          args.mask_ratio_power, args.eos_revealed,
+                                          tuple(int(b) for b in args.semi_ar_blocks.split(",")))
         x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")

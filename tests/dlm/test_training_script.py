@@ -107,3 +107,18 @@ def test_eos_revealed_rows_mask_only_answer_tokens(train_script):
     assert answer_masked.sum() > 0
     x0, clean0, _, _, _ = batch(0.0)  # the same draws without the option: EOS positions get masked too
     assert ((x0[:, P:] == tok.mask_token_id) & (clean0[:, P:] == tok.eos_token_id)).sum() > 100
+
+
+def test_semi_ar_block_size_one_masks_a_suffix(train_script):
+    """`--semi-ar-blocks 1`: each semi-AR row is a clean prefix, at most one randomly masked position,
+    then every position masked: the state of left-to-right decoding."""
+    tasks = get_suite("arithmetic")
+    tok = TinyCharTokenizer()
+    x, _, _, _, P = train_script.build_batch(
+        tasks, [1.0] * len(tasks), tok, random.Random(3), batch_size=32, semi_ar=1.0, no_sep=0.0,
+        gen=torch.Generator().manual_seed(3), short_resp=0.0, min_mask_ratio=0.0, semi_ar_blocks=(1,))
+    masked = x[:, P:] == tok.mask_token_id
+    for row in masked:
+        first = int(row.float().argmax())
+        assert row[first + 1:].all(), row  # everything after the first masked position is masked
+    assert len({int(r.float().argmax()) for r in masked}) > 5  # the cut point varies across rows
