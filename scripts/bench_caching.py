@@ -434,7 +434,7 @@ def plot(rows, path) -> None:
         ax.axis("off")
     handles = [plt.Line2D([], [], marker="s", ls="", color=colours[20], label="ours, 20 steps"),
                plt.Line2D([], [], marker="s", ls="", color=colours[50], label="ours, 50 steps"),
-               plt.Line2D([], [], marker="o", ls="", color="w", markeredgecolor="k", label="diffusers' and cache-dit's caches")]
+               plt.Line2D([], [], marker="o", ls="", color="w", markeredgecolor="k", label="the field's caches")]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=130)
