@@ -35,7 +35,7 @@ class DeepCacheConfig:
     """interval: a full step every ``interval`` steps (1 = never skip). shallow: UNet down/up blocks
     always computed. shallow_layers: with shallow=1, only this many layers of the outermost up block
     run on cached steps (DeepCache's branch + 1; 0 = the whole shallow blocks). first_blocks / last_blocks: transformer blocks always
-    computed. warmup_steps: full steps at the start of every call. taylor: transformers only, 1
+    computed. warmup_steps: full steps at the start of every call before the interval schedule (0: full at steps 0, interval, 2 interval, ..., the DeepCache package's uniform schedule). taylor: transformers only, 1
     forecasts the middle residual to first order from the last two full steps instead of reusing it
     (TaylorSeer-style, see ``caching.block_cache``)."""
 
@@ -54,8 +54,8 @@ class DeepCacheConfig:
             raise ValueError(f"shallow must be >= 1, got {self.shallow}")
         if self.first_blocks < 1 or self.last_blocks < 0:
             raise ValueError("first_blocks must be >= 1 and last_blocks >= 0")
-        if self.warmup_steps < 1:
-            raise ValueError(f"warmup_steps must be >= 1 (step 0 fills the cache), got {self.warmup_steps}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0 (step 0 is always computed), got {self.warmup_steps}")
         if self.shallow_layers < 0:
             raise ValueError(f"shallow_layers must be >= 0 (0 computes the whole shallow blocks), got {self.shallow_layers}")
         if self.shallow_layers and self.shallow != 1:

@@ -204,6 +204,21 @@ def test_deepcache_shallow_layers_runs_only_the_branch_layers():
         caching.remove(model)
 
 
+def test_deepcache_without_warmup_computes_every_interval_from_step_zero(models):
+    """warmup_steps=0: full steps 0, 3, 6 (the DeepCache package's uniform schedule; with
+    shallow_layers=1 our output equals the package's bit for bit, docs/caching.md)."""
+    model = models["unet"]
+    calls = []
+    handle = model.down_blocks[1].resnets[0].conv1.register_forward_pre_hook(lambda m, a: calls.append(1))
+    try:
+        tracker = caching.apply(model, caching.DeepCacheConfig(interval=3, warmup_steps=0))
+        sample(model, STEPS)
+        assert len(calls) == 3 and tracker.counters["blocks_computed"] > 0  # steps 0, 3, 6 of 8
+    finally:
+        handle.remove()
+        caching.remove(model)
+
+
 @pytest.mark.parametrize("cfg,match", [(caching.DeepCacheConfig(shallow=2, shallow_layers=1), "needs shallow=1"),
                                        (caching.DeepCacheConfig(shallow_layers=-1), "shallow_layers must be >= 0"),
                                        (caching.DeepCacheConfig(shallow_layers=4), "between 1 and")])
