@@ -34,10 +34,12 @@ from .block_cache import apply_middle_cache, check_taylor
 class DeepCacheConfig:
     """interval: a full step every ``interval`` steps (1 = never skip). shallow: UNet down/up blocks
     always computed. shallow_layers: with shallow=1, only this many layers of the outermost up block
-    run on cached steps (DeepCache's branch + 1; 0 = the whole shallow blocks). first_blocks / last_blocks: transformer blocks always
-    computed. warmup_steps: full steps at the start of every call before the interval schedule (0: full at steps 0, interval, 2 interval, ..., the DeepCache package's uniform schedule). taylor: transformers only, 1
-    forecasts the middle residual to first order from the last two full steps instead of reusing it
-    (TaylorSeer-style, see ``caching.block_cache``)."""
+    run on cached steps (DeepCache's branch + 1; 0 = the whole shallow blocks; UNet motion modules
+    of skipped layers still run). first_blocks / last_blocks: transformer blocks always computed.
+    warmup_steps: full steps at the start of every call before the interval schedule (0: full at
+    steps 0, interval, 2 interval, ..., the DeepCache package's uniform schedule). taylor:
+    transformers only, 1 forecasts the middle residual to first order from the last two full steps
+    instead of reusing it (TaylorSeer-style, see ``caching.block_cache``)."""
 
     interval: int = 3
     shallow: int = 1
