@@ -59,13 +59,13 @@ def kind_of(model) -> str:
             "SD3Transformer2DModel": "sd3"}[type(model).__name__]
 
 
-@torch.no_grad()
 def ddim_scheduler() -> DDIMScheduler:
     """SD 1.5's DDIM configuration, the scheduler `sample` uses for every model but SD3."""
     return DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
                          clip_sample=False, set_alpha_to_one=False, steps_offset=1)
 
 
+@torch.no_grad()
 def sample(model, steps: int = 10, seed: int = 0, batch: int = 1, guidance: float = 4.0,
            init: torch.Tensor | None = None, strength: float = 1.0, size: int = 8) -> torch.Tensor:
     """Latents ``[batch, 4, size, size]`` after ``steps`` CFG steps; img2img when ``init`` is given."""
