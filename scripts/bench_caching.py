@@ -224,10 +224,8 @@ def peer_caches(kind: str, steps: int) -> dict:
     if WITH_DIFFUSERS:
         for name, (apply_fn, cfg) in diffusers_caches().items():
             out[name] = ((lambda net, f=apply_fn, c=cfg: f(net, c)), diffusers_call)
-    if PEERS and not kind.startswith("unet"):  # cache-dit does not support SD UNets
-        out.update(cache_dit_caches(kind, steps))
-    if PEERS and kind.startswith("unet"):
-        out.update(deepcache_package_caches(steps))
+    if PEERS:  # cache-dit does not support SD UNets; the DeepCache package supports only them
+        out.update(deepcache_package_caches(steps) if kind.startswith("unet") else cache_dit_caches(kind, steps))
     return out
 
 
