@@ -106,6 +106,13 @@ SOLVERS: Dict[str, SolverSpec] = {
         "",
         "UniPC (bh2 predictor-corrector, data prediction, order 2), NFE = N",
     ),
+    "bespoke": SolverSpec(
+        "samplers.solvers.bespoke:BespokeSolver",
+        {},
+        "vp",
+        "",
+        "learned per-model solver (step positions + coefficients, needs bespoke=<fitted file>), NFE = N",
+    ),
     "flow-euler": SolverSpec(
         "samplers.solvers.flow:FlowMatchSolverScheduler",
         {"solver": "euler", "leap_tolerance": None},

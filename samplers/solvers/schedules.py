@@ -20,6 +20,9 @@ keyed by solver name and number of inference steps. Use one with any of our VP s
 call, ``sched.set_timesteps(timesteps=saved_timesteps("digits", "dpmpp-2m", 8))``, or through the
 config, ``DPMSolverPP2M.from_config(cfg, fitted_schedule="digits")``, after which a pipeline's
 ``set_timesteps(8)`` uses the fitted grid (step counts without a fitted grid keep the default one).
+
+A file may also hold learned solvers (step positions and coefficients, ``samplers/solvers/bespoke.py``,
+written by ``scripts/fit_bespoke.py``) under ``"bespoke": {"8": {"timesteps": ..., "coefficients": ...}}``.
 """
 
 from __future__ import annotations
@@ -70,6 +73,25 @@ def save_schedule(path: str, model: str, solver: str, timesteps: Sequence[int], 
     data["schedules"].setdefault(solver, {})[n] = [int(t) for t in timesteps]
     data["fits"] = [f for f in data["fits"] if not (f.get("solver") == solver and str(f.get("steps")) == n)]
     data["fits"].append({"solver": solver, "steps": int(n), **fit_info})
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def saved_bespoke(name_or_path: str, num_inference_steps: int) -> Optional[dict]:
+    """The learned solver for ``num_inference_steps`` model calls in a schedule file (see
+    ``samplers/solvers/bespoke.py``): ``{"timesteps": [N], "coefficients": [N + 1][N + 1], ...}``, or ``None``."""
+    return load_schedule(name_or_path).get("bespoke", {}).get(str(int(num_inference_steps)))
+
+
+def save_bespoke(path: str, model: str, entry: dict, fit_info: dict) -> None:
+    """Add (or replace) the learned solver with ``len(entry["timesteps"])`` calls in the file at ``path``;
+    ``fit_info`` joins the file's ``fits`` list under ``solver="bespoke"``."""
+    p = Path(path)
+    data = json.loads(p.read_text()) if p.is_file() else {"model": model, "schedules": {}, "fits": []}
+    n = str(len(entry["timesteps"]))
+    data.setdefault("bespoke", {})[n] = entry
+    data["fits"] = [f for f in data["fits"] if not (f.get("solver") == "bespoke" and str(f.get("steps")) == n)]
+    data["fits"].append({"solver": "bespoke", "steps": int(n), **fit_info})
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(data, indent=1) + "\n")
 

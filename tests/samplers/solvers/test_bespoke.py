@@ -1,0 +1,152 @@
+"""The learned (bespoke) solver: exact tracing of our linear solvers, the scheduler equal to the
+functional solve, fitting that lowers its loss, the shipped tables beating their starting solver on
+noise they were not fitted on, and clear errors."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DDPMPipeline, PNDMScheduler
+from diffusers.utils.torch_utils import randn_tensor
+
+from dlm.oracles.gaussian_mixture import image_oracle, plane_oracle
+from samplers.solvers import get_solver, solver_from_pipeline
+from samplers.solvers.bespoke import BespokeSolver, alpha_bar_at, bespoke_solve, fit_bespoke, trace_linear_solver
+from samplers.solvers.schedules import save_bespoke, save_schedule, saved_bespoke, saved_timesteps
+
+torch.set_num_threads(1)
+
+RING = plane_oracle(num_modes=8, radius=0.7, std=0.05)
+VP = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear")
+
+
+def _noise(n, shape=(2,), seed=0, dtype=torch.float32):
+    return torch.randn((n,) + shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _loop(sched, x, model=RING.eps_fn):
+    for t in sched.timesteps:
+        x = sched.step(model(x, t), t, x).prev_sample
+    return x
+
+
+def _solver(name, steps=None, timesteps=None):
+    extra = {"set_alpha_to_one": True} if name in ("ddim", "plms") else {}
+    s = get_solver(name, **VP, **extra)
+    if timesteps is not None:
+        s.set_timesteps(timesteps=timesteps)
+    else:
+        s.set_timesteps(steps)
+    return s
+
+
+@pytest.mark.parametrize("name", ["ddim", "plms", "dpmpp-2m", "dpmpp-3m", "unipc"])
+@pytest.mark.parametrize("steps", [5, 8])
+def test_trace_reproduces_each_linear_solver(name, steps):
+    """The traced table, run by the bespoke solve, is the scheduler itself (float64)."""
+    x = _noise(300, dtype=torch.float64)
+    calls, table = trace_linear_solver(_solver(name, steps))
+    assert table.shape == (len(calls) + 1, len(calls) + 1)
+    assert torch.all(table.triu(1)[:, 1:].abs() < 1e-12)  # causal: row i uses D_0 .. D_{i-1} only
+    got = bespoke_solve(RING.eps_fn, x, torch.tensor(calls, dtype=torch.float64), table, _solver(name, steps).alphas_cumprod)
+    want = _loop(_solver(name, steps), x.clone())
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=0)
+
+
+def test_alpha_bar_interpolates_the_table_and_passes_gradients():
+    ac = _solver("ddim", 5).alphas_cumprod.double()
+    t = torch.tensor([0.0, 10.0, 10.25, 999.0, 1200.0], dtype=torch.float64, requires_grad=True)
+    a = alpha_bar_at(ac, t)
+    torch.testing.assert_close(a[[0, 1, 3, 4]].detach(), ac[[0, 10, 999, 999]])
+    torch.testing.assert_close(a[2].detach(), 0.75 * ac[10] + 0.25 * ac[11])
+    a.sum().backward()
+    assert t.grad[2] < 0 and t.grad[4] == 0  # alpha_bar falls with t; clamped beyond T - 1
+
+
+def _tiny_fit(tmp_path, iters=25, samples=400, nfe=6):
+    x = _noise(samples, seed=1)
+    ref = _loop(_solver("dpmpp-2m", 200), x.clone())
+    base = _solver("unipc", nfe)
+    calls, table = trace_linear_solver(base)
+    fit = fit_bespoke(RING.eps_fn, x, ref, calls, table, base.alphas_cumprod, iters=iters, lr=1e-3, lr_times=0.02)
+    path = tmp_path / "tiny.json"
+    save_bespoke(str(path), "ring", {"base": "unipc", "timesteps": fit["timesteps"], "coefficients": fit["table"].tolist(),
+                                     "noise_schedule": dict(VP)}, {"iters": iters})
+    return fit, path, calls
+
+
+def test_fit_lowers_the_loss_and_the_scheduler_equals_the_functional_solve(tmp_path):
+    fit, path, calls = _tiny_fit(tmp_path)
+    assert fit["loss_fit"] < 0.8 * fit["loss_start"], (fit["loss_start"], fit["loss_fit"])
+    ts = fit["timesteps"]
+    assert ts[0] == calls[0] and all(a >= b for a, b in zip(ts, ts[1:])) and ts[-1] >= 0
+    assert ts != calls  # the timesteps moved, not only the coefficients
+    sched = BespokeSolver(**VP, bespoke=str(path))
+    sched.set_timesteps(6)
+    assert sched.timesteps.dtype == torch.float32 and len(sched.timesteps) == 6
+    x = _noise(500, seed=3)
+    want = bespoke_solve(RING.eps_fn, x, sched.timesteps, fit["table"], sched.alphas_cumprod)
+    torch.testing.assert_close(_loop(sched, x.clone()), want, atol=0, rtol=0)
+    # config round trip (save_config / from_config) keeps the file and reproduces the result
+    again = BespokeSolver.from_config(sched.config)
+    again.set_timesteps(6)
+    torch.testing.assert_close(_loop(again, x.clone()), want, atol=0, rtol=0)
+    assert json.loads(path.read_text())["fits"][0]["solver"] == "bespoke"
+
+
+@pytest.mark.parametrize("model,nfe", [("gmm_ring2d", 8), ("gmm_image8x8", 8)])
+def test_shipped_table_beats_its_starting_solver_on_unseen_noise(model, nfe):
+    """Seed 7 was used neither for fitting (seed 1) nor in the benchmark (seed 0)."""
+    entry = saved_bespoke(model, nfe)
+    assert entry is not None, f"no shipped bespoke solver at {nfe} NFE in {model}.json"
+    oracle = RING if model == "gmm_ring2d" else image_oracle(num_modes=8, size=8, std=0.1, seed=0)
+    x = _noise(2000, shape=oracle._shape, seed=7)
+    ref = _loop(_solver("dpmpp-2m", 500), x.clone(), oracle.eps_fn)
+    base_grid = saved_timesteps(model, entry["base"], nfe)
+    base = _loop(_solver(entry["base"], timesteps=base_grid) if base_grid else _solver(entry["base"], nfe), x.clone(), oracle.eps_fn)
+    sched = get_solver("bespoke", **VP, bespoke=model)
+    sched.set_timesteps(nfe)
+    ours = _loop(sched, x.clone(), oracle.eps_fn)
+    rms = lambda y: float(((y - ref) ** 2).mean().sqrt())  # noqa: E731
+    assert rms(ours) < 0.9 * rms(base), (rms(ours), rms(base))
+
+
+def test_runs_in_a_diffusers_pipeline():
+    """DDPMPipeline with the image oracle as its UNet: the pipeline's loop equals the functional solve."""
+    oracle = image_oracle(num_modes=8, size=8, std=0.1, seed=0)
+    pipe = DDPMPipeline(unet=oracle, scheduler=PNDMScheduler(**VP))
+    pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = solver_from_pipeline(pipe, "bespoke", bespoke="gmm_image8x8")
+    out = pipe(batch_size=3, num_inference_steps=8, output_type="np", generator=torch.Generator().manual_seed(0)).images
+    x = randn_tensor((3,) + oracle._shape, generator=torch.Generator().manual_seed(0))
+    s = pipe.scheduler
+    want = bespoke_solve(oracle.eps_fn, x, s.timesteps, s._table, s.alphas_cumprod)
+    want = (want / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_allclose(out, want, atol=1e-6)
+
+
+def test_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="needs bespoke="):
+        BespokeSolver(**VP)
+    with pytest.raises(ValueError, match="no saved schedule"):
+        BespokeSolver(**VP, bespoke="no_such_model")
+    grid_only = tmp_path / "grid.json"
+    save_schedule(str(grid_only), "m", "unipc", [999, 500, 0], {})
+    with pytest.raises(ValueError, match="holds no learned solver"):
+        BespokeSolver(**VP, bespoke=str(grid_only))
+    s = BespokeSolver(**VP, bespoke="gmm_ring2d")
+    with pytest.raises(ValueError, match="before step"):
+        s.step(torch.zeros(2, 2), 999, torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="fitted: \\["):
+        s.set_timesteps(7)
+    with pytest.raises(ValueError, match="num_inference_steps only"):
+        s.set_timesteps(timesteps=[999, 500])
+    with pytest.raises(ValueError, match="img2img"):
+        s.set_begin_index(3)
+    s.set_timesteps(8)
+    with pytest.raises(ValueError, match="img2img"):
+        s.step(torch.zeros(2, 2), s.timesteps[2], torch.zeros(2, 2))
+    other = BespokeSolver(**{**VP, "beta_end": 0.012}, bespoke="gmm_ring2d")
+    with pytest.raises(ValueError, match="another noise schedule"):
+        other.set_timesteps(8)
