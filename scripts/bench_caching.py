@@ -180,13 +180,14 @@ def run_model(kind: str, model, steps: int, rows: list) -> None:
                      wall=round(w0, 3), speedup=1.0, median_speedup=1.0, wall_speedup=1.0, psnr=math.inf,
                      accuracy=acc(ref)))
 
-    def measure(name, run):
-        """One row: ``run()`` (a sampling call with a cache attached) timed against uncached."""
+    def measure(name, run, ref_run=None):
+        """One row: ``run()`` (a sampling call with a cache attached) timed against uncached: ``ref_run()``
+        when the row runs its own sampling loop (the same loop without the cache), else ``call(plain)``."""
         if PAIRED:
-            x, (t, m, w), (rt, rm, rw) = paired(run, lambda: call(plain))
+            x, (t, m, w), (rt, rm, rw) = paired(run, ref_run or (lambda: call(plain)))
         else:
             x, t, m, w = timed(run)
-            rt, rm, rw = t0, m0, w0
+            rt, rm, rw = timed(ref_run)[1:] if ref_run is not None else (t0, m0, w0)
         return dict(model=kind, steps=steps, cache=name, seconds=round(t, 3), median=round(m, 3), wall=round(w, 3),
                     speedup=round(rt / t, 2), median_speedup=round(rm / m, 2), wall_speedup=round(rw / w, 2),
                     psnr=round(psnr(x, ref), 2), accuracy=acc(x), **({"ref_seconds": round(rt, 3)} if PAIRED else {}))
@@ -209,6 +210,12 @@ def run_model(kind: str, model, steps: int, rows: list) -> None:
                         return call(twin)
                 rows.append(measure(name, run))
             except Exception as err:  # recorded: the point is where the peers' caches do not apply
+                rows.append(dict(model=kind, steps=steps, cache=name, error=f"{type(err).__name__}: {str(err)[:80]}"))
+            print(rows[-1], flush=True)
+        for name, (run, ref_run) in (tgate_package_loops(kind, steps, plain) if PEERS else {}).items():
+            try:
+                rows.append(measure(name, run, ref_run))
+            except Exception as err:
                 rows.append(dict(model=kind, steps=steps, cache=name, error=f"{type(err).__name__}: {str(err)[:80]}"))
             print(rows[-1], flush=True)
     finally:
@@ -262,6 +269,56 @@ def deepcache_package_caches(steps: int) -> dict:
 
     return {f"DeepCache package(interval={i},branch={b})": (attach(i, b), lambda net: contextlib.nullcontext())
             for i, b in ((3, 0), (2, 0))}
+
+
+def tgate_package_loops(kind: str, steps: int, plain) -> dict:
+    """The ``tgate`` package (``pip install tgate``) on the UNets: ``{row name: (run, ref_run)}``.
+
+    Its T-GATE is a sampling loop of its own (``pipe.tgate(...)`` on a ``StableDiffusionPipeline``), so
+    both calls run a stand-in ``StableDiffusionPipeline`` holding only the UNet and the DDIM scheduler
+    ``tests.caching.tiny.sample`` uses (prompt embeddings passed in, latents out: no text encoder, no
+    VAE), from ``sample``'s inputs; ``ref_run`` is the same pipeline's plain call on the uncached twin,
+    so the speed-up compares like with like (that call equals ``sample``'s output exactly). Rows: the
+    gates of our T-GATE rows with cross-attention caching only (``sp_interval=fi_interval=1``), and the
+    package's v2 defaults (``sp_interval=5, fi_interval=1, warm_up=2``) at the first gate."""
+    if not kind.startswith("unet"):
+        return {}
+    try:
+        from tgate import TgateSDLoader
+    except ImportError:
+        print("--peers: tgate is not installed (pip install tgate); its rows are skipped", flush=True)
+        return {}
+    from diffusers import StableDiffusionPipeline
+
+    from tests.caching.tiny import ddim_scheduler, sample_inputs
+
+    size = LATENT_SIZE.get(kind, 32)
+    cond, uncond, noise = sample_inputs(2, size, torch.Generator().manual_seed(0))
+    kw = dict(prompt_embeds=cond, negative_prompt_embeds=uncond, height=8 * size, width=8 * size,
+              num_inference_steps=steps, guidance_scale=4.0, output_type="latent")
+
+    def pipeline(net):
+        pipe = StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, unet=net, scheduler=ddim_scheduler(),
+                                       safety_checker=None, feature_extractor=None, image_encoder=None,
+                                       requires_safety_checker=False)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    base = pipeline(plain)
+
+    def ref_run():
+        with torch.no_grad():
+            return base(latents=noise.clone(), **kw).images
+
+    gated = TgateSDLoader(pipeline(copy.deepcopy(plain)))
+    gates = list(dict.fromkeys((max(2, int(0.4 * steps)), max(2, steps // 4))))
+    settings = [(g, 1, 1) for g in gates] + [(gates[0], 5, 1)]
+    out = {}
+    for gate, sp, fi in settings:
+        name = f"tgate package(gate_step={gate}" + (",sp=5,fi=1,warm_up=2)" if sp > 1 else ")")
+        out[name] = ((lambda g=gate, s=sp, f=fi: gated.tgate(latents=noise.clone(), gate_step=g, sp_interval=s,
+                                                             fi_interval=f, warm_up=2, **kw).images), ref_run)
+    return out
 
 
 @contextlib.contextmanager
@@ -332,7 +389,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", action="store_true",
                     help="also run the peer packages where they are installed: cache-dit's DBCache (with its "
                          "TaylorSeer calibrator where it works) on the transformers (pip install cache-dit), "
-                         "the DeepCache package on the UNets (pip install DeepCache)")
+                         "the DeepCache and tgate packages on the UNets (pip install DeepCache tgate)")
     ap.add_argument("--paired", action="store_true",
                     help="time an uncached call beside every cached one (alternating) and take each row's "
                          "speed-up against its own uncached calls: ratios robust to load that drifts during "
@@ -382,8 +439,8 @@ def main(argv=None) -> int:
 
 
 def is_peer(cache: str) -> bool:
-    """A row of the field's code (diffusers' caches, cache-dit, the DeepCache package), not of ours."""
-    return cache.startswith(("diffusers", "cache-dit", "DeepCache package"))
+    """A row of the field's code (diffusers' caches, cache-dit, the DeepCache and tgate packages), not of ours."""
+    return cache.startswith(("diffusers", "cache-dit", "DeepCache package", "tgate package"))
 
 
 def head_to_head(rows) -> list:

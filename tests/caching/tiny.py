@@ -59,6 +59,15 @@ def kind_of(model) -> str:
             "SD3Transformer2DModel": "sd3"}[type(model).__name__]
 
 
+def sample_inputs(batch: int, size: int, generator: torch.Generator):
+    """``sample``'s draws, in its order: text embeddings ``cond`` ``[batch, 6, TEXT_DIM]``, the zero
+    negative embeddings and the start noise ``[batch, 4, size, size]`` (the generator then goes on to
+    SD3's pooled projections). Lets a peer's own pipeline loop start from exactly the same inputs."""
+    cond = torch.randn(batch, 6, TEXT_DIM, generator=generator)
+    noise = torch.randn(batch, 4, size, size, generator=generator)
+    return cond, torch.zeros_like(cond), noise
+
+
 def ddim_scheduler() -> DDIMScheduler:
     """SD 1.5's DDIM configuration, the scheduler `sample` uses for every model but SD3."""
     return DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
@@ -71,9 +80,7 @@ def sample(model, steps: int = 10, seed: int = 0, batch: int = 1, guidance: floa
     """Latents ``[batch, 4, size, size]`` after ``steps`` CFG steps; img2img when ``init`` is given."""
     kind = kind_of(model)
     g = torch.Generator().manual_seed(seed)
-    cond = torch.randn(batch, 6, TEXT_DIM, generator=g)
-    uncond = torch.zeros_like(cond)
-    noise = torch.randn(batch, 4, size, size, generator=g)
+    cond, uncond, noise = sample_inputs(batch, size, g)
     enc = torch.cat([uncond, cond])
     if kind == "sd3":
         sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
