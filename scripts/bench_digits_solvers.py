@@ -52,7 +52,13 @@ OURS = {
     "dpmpp-2m+fitted": ("dpmpp-2m", {"fitted_schedule": "digits"}),
     "unipc": ("unipc", {}),
     "unipc+fitted": ("unipc", {"fitted_schedule": "digits"}),
+    "bespoke": ("bespoke", {"bespoke": "digits"}),
 }
+
+
+def learned(name: str) -> bool:
+    """Rows fitted to this model: a fitted grid (``+fitted``) or the learned solver (``bespoke``)."""
+    return name.endswith("+fitted") or name == "bespoke"
 
 
 _BASE_CONFIG: dict = {}
@@ -82,6 +88,11 @@ def nfe_of(pipe, name: str, steps: int) -> int:
 
 
 def steps_for(pipe, name: str, target: int) -> int | None:
+    if name == "bespoke":  # only the step counts with a learned table
+        from samplers.solvers.schedules import load_schedule
+
+        fitted = [int(n) for n in load_schedule("digits").get("bespoke", {})]
+        return target if target in fitted else None
     if name.endswith("+fitted"):
         # only the step counts that have a fitted grid (otherwise it is the default solver again)
         from samplers.solvers.schedules import load_schedule
@@ -118,7 +129,7 @@ def plot(rows: list[dict], solvers: list[str], guidance: float, samples: int, fi
         if not pts:
             continue
         ours = name in OURS
-        fitted = name.endswith("+fitted")
+        fitted = learned(name)
         for ax, (key, _) in zip(axes, panels):
             ax.plot([r["nfe"] for r in pts], [r[key] for r in pts], "-" if ours else "--",
                     marker="*" if fitted else ("o" if ours else "x"), ms=12 if fitted else (6 if ours else 7),
@@ -154,8 +165,8 @@ def targets(rows: list[dict]) -> dict:
             c = [r for r in rs if pred(r["solver"]) and r["target_nfe"] == nfe]
             return better(c, key=lambda r: r[key]) if c else None
         d20 = best(lambda n: n in DIFFUSERS, 20)
-        o10 = best(lambda n: n in OURS and not n.endswith("+fitted"), 10)
-        f8 = best(lambda n: n.endswith("+fitted"), 8)
+        o10 = best(lambda n: n in OURS and not learned(n), 10)
+        f8 = best(learned, 8)
 
         def ok(r):
             return bool(r and d20 and (r[key] <= d20[key] if better is min else r[key] >= d20[key]))
@@ -266,12 +277,12 @@ def main() -> None:
             steps = steps_for(pipe, name, target)
             if steps is None:
                 rows.append({"solver": name, "target_nfe": target, "feasible": False})
-                print(f"{name:24s} NFE<={target}: no step count fits" + (" (no fitted grid)" if "fitted" in name else ""))
+                print(f"{name:24s} NFE<={target}: no step count fits" + (" (not fitted at this NFE)" if learned(name) else ""))
                 continue
             row = {"target_nfe": target, **evaluate(name, steps)}
             rows.append(row)
             show(row)
-            if name.endswith("+fitted"):  # generalisation: the same schedule on the seed it was fitted on
+            if learned(name):  # generalisation: the same schedule on the seed it was fitted on
                 row = {"target_nfe": target, "fit_seed_row": True, **evaluate(name, steps, seed=fit_seed)}
                 rows.append(row)
                 show(row)

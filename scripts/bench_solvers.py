@@ -12,7 +12,8 @@ sampling noise that dominates W2 near its floor).
 
 Rows: our solvers with their defaults; ``+fitted`` rows use the shipped schedules
 (``samplers/solvers/schedules/gmm_<oracle>.json``, fitted by ``scripts/fit_schedule.py`` on another
-seed) and are evaluated on the benchmark seed and, to show generalisation, on the fit seed too; each
+seed) and ``bespoke`` rows the learned solvers in the same files (``scripts/fit_bespoke.py``); both
+are evaluated on the benchmark seed and, to show generalisation, on the fit seed too; each
 diffusers scheduler in several settings (spacing, Karras sigmas, uniform log-SNR, order 3), so that
 "diffusers' best" is the best of its settings at each NFE. The targets are printed at the end.
 """
@@ -160,7 +161,25 @@ def bench(oracle, name, n, seed, nfes, log):
                 rows.append(_row(oracle, name, label, True, nfe, len(ts), x, refs, eval_seed, time.perf_counter() - t0,
                                  eval_seed=eval_seed, fit_seed=fit["fit_seed"], timesteps=ts))
                 _log(log, rows[-1])
+    # Learned solvers (scripts/fit_bespoke.py, fitted on seed 1): same two seeds.
+    for steps_key, entry in sorted(sched_file.get("bespoke", {}).items(), key=lambda kv: int(kv[0])):
+        fit = next(f for f in sched_file["fits"] if f["solver"] == "bespoke" and f["steps"] == int(steps_key))
+        for eval_seed in (seed, fit["fit_seed"]):
+            xs = x_T if eval_seed == seed else torch.randn(
+                (n,) + oracle._shape, generator=torch.Generator().manual_seed(eval_seed), dtype=torch.float32)
+            refs = ref_x if eval_seed == seed else run_solver(get_solver("dpmpp-2m", **VP), oracle, xs, steps=REF_STEPS)[0]
+            t0 = time.perf_counter()
+            x, nfe = run_solver(get_solver("bespoke", **VP, bespoke=f"gmm_{name}"), oracle, xs, steps=int(steps_key))
+            label = f"ours:bespoke (from {entry['base']})" + ("" if eval_seed == seed else " (fit seed)")
+            rows.append(_row(oracle, name, label, True, nfe, nfe, x, refs, eval_seed, time.perf_counter() - t0,
+                             eval_seed=eval_seed, fit_seed=fit["fit_seed"], timesteps=entry["timesteps"]))
+            _log(log, rows[-1])
     return rows
+
+
+def _learned(label: str) -> bool:
+    """Rows fitted to the model: a fitted grid or a learned (bespoke) solver."""
+    return "fitted" in label or "bespoke" in label
 
 
 def targets(rows, oracle):
@@ -172,8 +191,8 @@ def targets(rows, oracle):
             c = [r for r in rs if pred(r) and r["nfe"] == nfe]
             return min(c, key=lambda r: r[key]) if c else None
         d20 = best(lambda r: r["solver"].startswith("diffusers:"), 20)
-        o10 = best(lambda r: r["ours"] and "fitted" not in r["solver"], 10)
-        f8 = best(lambda r: "fitted" in r["solver"], 8)
+        o10 = best(lambda r: r["ours"] and not _learned(r["solver"]), 10)
+        f8 = best(lambda r: _learned(r["solver"]), 8)
         out[key] = {
             "diffusers_best_at_20": (d20["solver"], d20[key]) if d20 else None,
             "ours_default_best_at_10": (o10["solver"], o10[key]) if o10 else None,
@@ -201,7 +220,7 @@ def plot(rows, path):
             for solver in dict.fromkeys(r["solver"] for r in rs if 0 < r["nfe"] <= 200):
                 pts = sorted((r["nfe"], r[key]) for r in rs if r["solver"] == solver and r["nfe"] <= 200)
                 ours = solver.startswith("ours")
-                fitted = "fitted" in solver
+                fitted = _learned(solver)
                 ax.plot(
                     [p[0] for p in pts],
                     [p[1] for p in pts],

@@ -144,6 +144,7 @@ def _logits_to_times(first: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 def fit_bespoke(model_fn: Callable, x_T: torch.Tensor, reference: torch.Tensor, timesteps: Sequence[float],
                 table: torch.Tensor, alphas_cumprod: torch.Tensor, iters: int = 300, lr: float = 5e-4,
                 lr_times: float = 0.01, learn_times: bool = True, prediction_type: str = "epsilon",
+                output_transform: Optional[Callable] = None,
                 progress: Optional[Callable[[int, float], None]] = None) -> Dict:
     """Learn the table (and the timesteps) that bring the solve from ``x_T`` closest to ``reference``.
 
@@ -154,6 +155,8 @@ def fit_bespoke(model_fn: Callable, x_T: torch.Tensor, reference: torch.Tensor, 
         timesteps, table: the start, normally from :func:`trace_linear_solver` on a (fitted) grid.
         iters, lr, lr_times: Adam steps (full batch, cosine decay) and learning rates of the table
             entries and of the timestep logits.
+        output_transform: applied to the solve's result before the loss, e.g. the clamp a pipeline applies
+            to its output, so the fit spends nothing on pixels the clamp already fixes.
         progress: called as ``progress(iteration, loss)``.
     Returns:
         ``{"timesteps": [N] floats, "table": [N + 1, N + 1] float64, "loss_start", "loss_fit", "losses"}``;
@@ -180,7 +183,10 @@ def fit_bespoke(model_fn: Callable, x_T: torch.Tensor, reference: torch.Tensor, 
     best = None
     for it in range(iters + 1):
         times, tab = current()
-        loss = ((bespoke_solve(model_fn, x_T, times, tab, alphas_cumprod, prediction_type) - reference) ** 2).mean()
+        result = bespoke_solve(model_fn, x_T, times, tab, alphas_cumprod, prediction_type)
+        if output_transform is not None:
+            result = output_transform(result)
+        loss = ((result - reference) ** 2).mean()
         value = float(loss.detach())
         losses.append(value)
         if best is None or value < best[0]:
