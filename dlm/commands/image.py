@@ -48,6 +48,8 @@ def make_scheduler(pipe, name: str):
         SOLVERS = {}
     if name not in SOLVERS:
         raise ValueError(f"unknown solver {name!r}; choose from {', '.join(solver_names())}")
+    if name == "bespoke":  # the learned solver shipped for the built-in digits model
+        return solver_from_pipeline(pipe, name, bespoke="digits")
     return solver_from_pipeline(pipe, name)
 
 
@@ -120,6 +122,9 @@ def run(args) -> int:
     quiet_diffusers()
     pipe = load_digits_pipeline()
     pipe.scheduler = make_scheduler(pipe, solver)
+    fitted = getattr(pipe.scheduler, "fitted_steps", None)  # a learned solver exists for some step counts only
+    if fitted is not None and args.steps not in fitted():
+        raise ValueError(f"solver {solver!r} has learned tables for --steps {fitted()} only, got --steps {args.steps}")
     need = min_steps(pipe.scheduler)
     if args.steps < need:
         raise ValueError(f"--steps {args.steps} is below the order of solver {solver!r}; use --steps >= {need}")

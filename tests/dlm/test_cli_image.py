@@ -25,11 +25,19 @@ def test_image_text_output_and_search(tmp_path, capsys):
     assert (tmp_path / "digit_000_5.png").stat().st_size > 0
 
 
+def test_image_with_the_learned_solver(tmp_path, capsys):
+    rc = main(["image", "--solver", "bespoke", "--steps", "8", "--digits", "3,7", "--out", str(tmp_path), "--json"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["solver"] == "bespoke" and summary["nfe"] == 8
+
+
 @pytest.mark.parametrize("argv", [
     ["image", "--solver", "no-such-solver"],
     ["image", "--digits", "1,10"],
     ["image", "--digits", "a"],
     ["image", "--solver", "diffusers-dpm", "--steps", "1"],
+    ["image", "--solver", "bespoke", "--steps", "7"],  # no learned table for 7 steps
     ["image", "--steps", "0"],
     ["image", "--search", "random", "--steps", "4", "--budget", "3"],
     ["image", "--budget", "10"],

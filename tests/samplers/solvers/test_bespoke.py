@@ -150,3 +150,19 @@ def test_clear_errors(tmp_path):
     other = BespokeSolver(**{**VP, "beta_end": 0.012}, bespoke="gmm_ring2d")
     with pytest.raises(ValueError, match="another noise schedule"):
         other.set_timesteps(8)
+
+
+@pytest.mark.parametrize("name", ["gmm_ring2d", "gmm_image8x8", "digits"])
+def test_shipped_tables_are_well_formed(name):
+    from samplers.solvers.schedules import load_schedule
+
+    data = load_schedule(name)
+    assert data.get("bespoke"), f"{name}.json ships no learned solver"
+    for steps, entry in data["bespoke"].items():
+        n = int(steps)
+        ts, table = entry["timesteps"], torch.tensor(entry["coefficients"])
+        assert len(ts) == n and table.shape == (n + 1, n + 1)
+        assert all(a >= b for a, b in zip(ts, ts[1:])) and ts[-1] >= 0 and ts[0] <= 999
+        assert torch.all(table.triu(1)[:, 1:] == 0) and torch.all(table[0, 1:] == 0)
+        fit = next(f for f in data["fits"] if f["solver"] == "bespoke" and f["steps"] == n)
+        assert fit["loss_fit"] <= fit["loss_start"] and fit["command"].startswith("python scripts/fit_bespoke.py")
