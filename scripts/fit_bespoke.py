@@ -35,11 +35,12 @@ from samplers.solvers.schedules import SCHEDULE_DIR, save_bespoke, saved_timeste
 BASES = ("ddim", "dpmpp-2m", "dpmpp-3m", "unipc")
 
 
-def start_grid(model: str, base: str, cfg: dict, nfe: int):
-    """``(grid, where it came from)``: the shipped fitted grid of ``base`` at ``nfe`` calls, else the default."""
+def start_grid(model: str, base: str, cfg: dict, nfe: int, start: str = "fitted"):
+    """``(grid, where it came from)``: with ``start="fitted"`` the shipped fitted grid of ``base`` at ``nfe``
+    calls if there is one, else (or with ``start="default"``) the base solver's default grid."""
     name = model.replace("gmm-", "gmm_")
     try:
-        ts = saved_timesteps(name, base, nfe)
+        ts = saved_timesteps(name, base, nfe) if start == "fitted" else None
     except ValueError:
         ts = None
     return (ts, f"fitted grid of {base} ({name}.json)") if ts else (default_grid(base, cfg, nfe), f"default grid of {base}")
@@ -68,6 +69,8 @@ def main(argv=None):
     p.add_argument("--model", required=True, choices=["gmm-ring2d", "gmm-image8x8", "digits"])
     p.add_argument("--base", default="unipc", choices=list(BASES), help="solver the table starts from (traced exactly)")
     p.add_argument("--nfe", type=int, nargs="+", default=[8])
+    p.add_argument("--start", default="fitted", choices=["fitted", "default"],
+                   help="grid the fit starts from: the base solver's shipped fitted grid (if any) or its default grid")
     p.add_argument("--samples", type=int, default=4000)
     p.add_argument("--fit-seed", type=int, default=1, help="noise seed of the fit set (benchmarks evaluate on seed 0)")
     p.add_argument("--ref-steps", type=int, default=500)
@@ -92,7 +95,7 @@ def main(argv=None):
           f"({time.perf_counter() - t0:.1f}s)", flush=True)
     for nfe in args.nfe:
         t1 = time.perf_counter()
-        grid, origin = start_grid(args.model, args.base, cfg, nfe)
+        grid, origin = start_grid(args.model, args.base, cfg, nfe, args.start)
         sched = get_solver(args.base, **solver_config(args.base, cfg))
         sched.set_timesteps(timesteps=grid)
         calls, table = trace_linear_solver(sched)
