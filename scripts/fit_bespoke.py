@@ -6,8 +6,9 @@
 
 For each NFE budget: draw ``--samples`` noises from ``--fit-seed``, solve them once with a many-step
 reference (DPM-Solver++ 2M, ``--ref-steps`` steps), trace the ``--base`` solver on its fitted grid
-(the one ``scripts/fit_schedule.py`` shipped for this model and solver; the default grid if there is
-none) into the bespoke form, and learn the table and the timesteps with Adam (``--iters`` full-batch
+(the one ``scripts/fit_schedule.py`` shipped for this model and solver; its default grid if there is
+none, or with ``--start default``: the fit is not convex and either start can end lower) into the
+bespoke form, and learn the table and the timesteps with Adam (``--iters`` full-batch
 steps). The result is added to ``samplers/solvers/schedules/<model>.json`` (or ``--out``) under
 ``"bespoke"``, with the losses, the command and the time; load it with
 ``BespokeSolver.from_config(pipe.scheduler.config, bespoke="<model>")``. Evaluate on another seed
