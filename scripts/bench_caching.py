@@ -32,8 +32,13 @@ import caching  # noqa: E402
 from tests.caching.tiny import sample, tiny_pixart, tiny_sd3, tiny_sd_unet, tiny_unet  # noqa: E402
 
 
+def tgate_gates(steps: int) -> list:
+    """T-GATE's gate steps in the bench: 40% of the steps (the paper's 10 of 25) and an earlier 25%
+    (faster: CFG dropped sooner); ours and the tgate package's rows use the same ones."""
+    return list(dict.fromkeys((max(2, int(0.4 * steps)), max(2, steps // 4))))
+
+
 def ours(kind: str, steps: int) -> dict:
-    gate = max(2, int(0.4 * steps))
     unet = kind.startswith("unet")
     never = caching.DeepCacheConfig(interval=1) if unet else caching.BlockCacheConfig(threshold=0.0)
     out = {"never-skip": never,
@@ -60,8 +65,7 @@ def ours(kind: str, steps: int) -> dict:
         out["rehash:threshold=0.1"] = caching.StepRehashConfig(threshold=0.1, warmup_steps=2, max_reuse=2)
         out["rehash:threshold=0.2"] = caching.StepRehashConfig(threshold=0.2, warmup_steps=2, max_reuse=3)
     if kind != "sd3":
-        # T-GATE's gate: 40% of the steps (the paper's 10 of 25) and an earlier 25% (faster: CFG dropped sooner)
-        for g in dict.fromkeys((gate, max(2, steps // 4))):
+        for g in tgate_gates(steps):
             out[f"tgate:gate_step={g}"] = caching.TGateConfig(gate_step=g, cond_index=0 if kind == "digits" else 1)
     out = {k: v for k, v in out.items() if ONLY is None or k == "never-skip" or k.split(":")[0] in ONLY}
     for spec, cfg in EXTRA.items():  # --extra: operating points named on the command line
@@ -311,7 +315,7 @@ def tgate_package_loops(kind: str, steps: int, plain) -> dict:
             return base(latents=noise.clone(), **kw).images
 
     gated = TgateSDLoader(pipeline(copy.deepcopy(plain)))
-    gates = list(dict.fromkeys((max(2, int(0.4 * steps)), max(2, steps // 4))))
+    gates = tgate_gates(steps)
     settings = [(g, 1, 1) for g in gates] + [(gates[0], 5, 1)]
     out = {}
     for gate, sp, fi in settings:

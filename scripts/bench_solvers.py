@@ -146,34 +146,39 @@ def bench(oracle, name, n, seed, nfes, log):
                             noise_seed=seed + 1 if label in STOCHASTIC else None)
         rows.append(_row(oracle, name, label, ours, nfe, steps, x, ref_x, seed, time.perf_counter() - t0))
         _log(log, rows[-1])
-    # Fitted schedules: on this seed (held out) and on the seed they were fitted on.
-    sched_file = load_schedule(f"gmm_{name}")
-    for solver in FITTED:
-        for steps_key, ts in sorted(sched_file["schedules"].get(solver, {}).items(), key=lambda kv: int(kv[0])):
-            fit = next(f for f in sched_file["fits"] if f["solver"] == solver and f["steps"] == int(steps_key))
-            for eval_seed in (seed, fit["fit_seed"]):
-                xs = x_T if eval_seed == seed else torch.randn(
-                    (n,) + oracle._shape, generator=torch.Generator().manual_seed(eval_seed), dtype=torch.float32)
-                refs = ref_x if eval_seed == seed else run_solver(get_solver("dpmpp-2m", **VP), oracle, xs, steps=REF_STEPS)[0]
-                t0 = time.perf_counter()
-                x, nfe = run_solver(_ours(solver)(), oracle, xs, timesteps=ts)
-                label = f"ours:{solver}+fitted" + ("" if eval_seed == seed else " (fit seed)")
-                rows.append(_row(oracle, name, label, True, nfe, len(ts), x, refs, eval_seed, time.perf_counter() - t0,
-                                 eval_seed=eval_seed, fit_seed=fit["fit_seed"], timesteps=ts))
-                _log(log, rows[-1])
-    # Learned solvers (scripts/fit_bespoke.py, fitted on seed 1): same two seeds.
-    for steps_key, entry in sorted(sched_file.get("bespoke", {}).items(), key=lambda kv: int(kv[0])):
-        fit = next(f for f in sched_file["fits"] if f["solver"] == "bespoke" and f["steps"] == int(steps_key))
+    starts = {seed: (x_T, ref_x)}
+
+    def start_and_reference(eval_seed):
+        """The noises of ``eval_seed`` and their 500-step solve, computed once per seed."""
+        if eval_seed not in starts:
+            xs = torch.randn((n,) + oracle._shape, generator=torch.Generator().manual_seed(eval_seed), dtype=torch.float32)
+            starts[eval_seed] = (xs, run_solver(get_solver("dpmpp-2m", **VP), oracle, xs, steps=REF_STEPS)[0])
+        return starts[eval_seed]
+
+    def fitted_rows(label, fit, solve, steps, timesteps):
+        """Rows of a solver fitted on ``fit["fit_seed"]``: on this seed (held out) and on the fit seed."""
         for eval_seed in (seed, fit["fit_seed"]):
-            xs = x_T if eval_seed == seed else torch.randn(
-                (n,) + oracle._shape, generator=torch.Generator().manual_seed(eval_seed), dtype=torch.float32)
-            refs = ref_x if eval_seed == seed else run_solver(get_solver("dpmpp-2m", **VP), oracle, xs, steps=REF_STEPS)[0]
+            xs, refs = start_and_reference(eval_seed)
             t0 = time.perf_counter()
-            x, nfe = run_solver(get_solver("bespoke", **VP, bespoke=f"gmm_{name}"), oracle, xs, steps=int(steps_key))
-            label = f"ours:bespoke (from {entry['base']})" + ("" if eval_seed == seed else " (fit seed)")
-            rows.append(_row(oracle, name, label, True, nfe, nfe, x, refs, eval_seed, time.perf_counter() - t0,
-                             eval_seed=eval_seed, fit_seed=fit["fit_seed"], timesteps=entry["timesteps"]))
+            x, nfe = solve(xs)
+            rows.append(_row(oracle, name, label + ("" if eval_seed == seed else " (fit seed)"), True, nfe, steps, x, refs,
+                             eval_seed, time.perf_counter() - t0, eval_seed=eval_seed, fit_seed=fit["fit_seed"],
+                             timesteps=timesteps))
             _log(log, rows[-1])
+
+    def fit_of(solver, steps_key):
+        return next(f for f in sched_file["fits"] if f["solver"] == solver and f["steps"] == int(steps_key))
+
+    sched_file = load_schedule(f"gmm_{name}")
+    for solver in FITTED:  # fitted grids (scripts/fit_schedule.py)
+        for steps_key, ts in sorted(sched_file["schedules"].get(solver, {}).items(), key=lambda kv: int(kv[0])):
+            fitted_rows(f"ours:{solver}+fitted", fit_of(solver, steps_key),
+                        lambda xs, s=solver, g=ts: run_solver(_ours(s)(), oracle, xs, timesteps=g), len(ts), ts)
+    # learned solvers (scripts/fit_bespoke.py)
+    for steps_key, entry in sorted(sched_file.get("bespoke", {}).items(), key=lambda kv: int(kv[0])):
+        fitted_rows(f"ours:bespoke (from {entry['base']})", fit_of("bespoke", steps_key),
+                    lambda xs, k=int(steps_key): run_solver(get_solver("bespoke", **VP, bespoke=f"gmm_{name}"), oracle, xs,
+                                                             steps=k), int(steps_key), entry["timesteps"])
     return rows
 
 

@@ -46,7 +46,7 @@ from samplers.solvers._vp import (
     make_alphas_cumprod,
     to_eps_x0,
 )
-from samplers.solvers.schedules import load_schedule, saved_bespoke, shipped_schedules
+from samplers.solvers.schedules import load_schedule, shipped_schedules
 
 SCHEDULE_KEYS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule")
 
@@ -234,8 +234,8 @@ class BespokeSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         if bespoke is None:
             raise ValueError(f"{name} needs bespoke=<a shipped name or a JSON path written by scripts/fit_bespoke.py>; "
                              f"shipped: {', '.join(shipped_schedules())}")
-        data = load_schedule(bespoke)
-        if not data.get("bespoke"):
+        self._tables = load_schedule(bespoke).get("bespoke", {})  # read once: every pipeline call sets timesteps
+        if not self._tables:
             raise ValueError(f"{bespoke!r} holds no learned solver (no 'bespoke' entry); fit one with scripts/fit_bespoke.py")
         self.alphas_cumprod = make_alphas_cumprod(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas)
         self.init_noise_sigma = 1.0
@@ -252,7 +252,7 @@ class BespokeSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
 
     def fitted_steps(self) -> List[int]:
         """Step counts with a learned table in this scheduler's ``bespoke`` file."""
-        return sorted(int(k) for k in load_schedule(self.config.bespoke).get("bespoke", {}))
+        return sorted(int(k) for k in self._tables)
 
     def set_timesteps(self, num_inference_steps: Optional[int] = None, device=None, timesteps=None, sigmas=None):
         """Load the table learned for ``num_inference_steps`` model calls (``timesteps``/``sigmas`` are
@@ -262,7 +262,7 @@ class BespokeSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             raise ValueError(f"{name} learns its own timesteps with its coefficients; pass num_inference_steps only")
         if num_inference_steps is None:
             raise ValueError(f"pass num_inference_steps to set_timesteps (fitted: {self.fitted_steps()})")
-        entry = saved_bespoke(self.config.bespoke, int(num_inference_steps))
+        entry = self._tables.get(str(int(num_inference_steps)))
         if entry is None:
             raise ValueError(f"no learned solver for num_inference_steps={num_inference_steps} in "
                              f"{self.config.bespoke!r}; fitted: {self.fitted_steps()} (fit more with scripts/fit_bespoke.py)")

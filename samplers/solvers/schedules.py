@@ -65,16 +65,25 @@ def saved_timesteps(name_or_path: str, solver: str, num_inference_steps: int) ->
     return None if ts is None else [int(t) for t in ts]
 
 
-def save_schedule(path: str, model: str, solver: str, timesteps: Sequence[int], fit_info: dict) -> None:
-    """Add (or replace) the grid of ``solver`` at ``len(timesteps)`` steps in the file at ``path``."""
+def _save_fit(path: str, model: str, solver: str, steps: int, store: Callable[[dict], None], fit_info: dict) -> None:
+    """Read (or start) the file at ``path``, let ``store(data)`` put the entry in, and replace the
+    ``fits`` record of ``(solver, steps)`` with ``fit_info``."""
     p = Path(path)
     data = json.loads(p.read_text()) if p.is_file() else {"model": model, "schedules": {}, "fits": []}
-    n = str(len(timesteps))
-    data["schedules"].setdefault(solver, {})[n] = [int(t) for t in timesteps]
-    data["fits"] = [f for f in data["fits"] if not (f.get("solver") == solver and str(f.get("steps")) == n)]
-    data["fits"].append({"solver": solver, "steps": int(n), **fit_info})
+    store(data)
+    data["fits"] = [f for f in data["fits"] if not (f.get("solver") == solver and str(f.get("steps")) == str(steps))]
+    data["fits"].append({"solver": solver, "steps": int(steps), **fit_info})
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def save_schedule(path: str, model: str, solver: str, timesteps: Sequence[int], fit_info: dict) -> None:
+    """Add (or replace) the grid of ``solver`` at ``len(timesteps)`` steps in the file at ``path``."""
+    grid = [int(t) for t in timesteps]
+
+    def store(data):
+        data["schedules"].setdefault(solver, {})[str(len(grid))] = grid
+    _save_fit(path, model, solver, len(grid), store, fit_info)
 
 
 def saved_bespoke(name_or_path: str, num_inference_steps: int) -> Optional[dict]:
@@ -86,14 +95,11 @@ def saved_bespoke(name_or_path: str, num_inference_steps: int) -> Optional[dict]
 def save_bespoke(path: str, model: str, entry: dict, fit_info: dict) -> None:
     """Add (or replace) the learned solver with ``len(entry["timesteps"])`` calls in the file at ``path``;
     ``fit_info`` joins the file's ``fits`` list under ``solver="bespoke"``."""
-    p = Path(path)
-    data = json.loads(p.read_text()) if p.is_file() else {"model": model, "schedules": {}, "fits": []}
-    n = str(len(entry["timesteps"]))
-    data.setdefault("bespoke", {})[n] = entry
-    data["fits"] = [f for f in data["fits"] if not (f.get("solver") == "bespoke" and str(f.get("steps")) == n)]
-    data["fits"].append({"solver": "bespoke", "steps": int(n), **fit_info})
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(data, indent=1) + "\n")
+    n = len(entry["timesteps"])
+
+    def store(data):
+        data.setdefault("bespoke", {})[str(n)] = entry
+    _save_fit(path, model, "bespoke", n, store, fit_info)
 
 
 def fit_timesteps(
