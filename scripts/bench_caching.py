@@ -94,7 +94,7 @@ def diffusers_caches() -> dict:
         # feed-forward module of the transformer blocks (a UNet's too) in float32, the same coverage
         # as our `forecast` rows
         every = [r"^(.*\.)?(single_)?transformer_blocks\.\d+\.(attn\d?|ff|ff_context)$"]
-        for interval in (4, 5):
+        for interval in (2, 3, 4, 5):
             cfg = TaylorSeerCacheConfig(cache_interval=interval, cache_identifiers=every,
                                         taylor_factors_dtype=torch.float32)
             out[f"diffusers TaylorSeer(interval={interval},attn+ff,fp32)"] = (apply_taylorseer_cache, cfg)
@@ -143,7 +143,11 @@ def paired(fn, ref_fn, repeats: int | None = None):
     """``timed`` for a cached call and the uncached one, alternating ``ref, cached`` ``repeats``
     times after a warm-up of each, so that both see the same machine load (--paired).
 
-    Returns ``(out, (cpu_best, cpu_median, wall_best), (ref_cpu_best, ref_cpu_median, ref_wall_best))``.
+    Returns ``(out, (cpu_best, cpu_median, wall_best), (ref_cpu_best, ref_cpu_median, ref_wall_best),
+    pair_ratio)``: ``pair_ratio`` is the median over the repeats of (uncached CPU time / cached CPU
+    time) of the two back-to-back calls, which cancels drifts of the machine's speed slower than a
+    pair (the best-of ratios do not: the uncached best can come from a fast minute, the cached best
+    from a slow one).
     """
     fn(), ref_fn()
     times: dict = {"row": ([], []), "ref": ([], [])}
@@ -156,7 +160,8 @@ def paired(fn, ref_fn, repeats: int | None = None):
             times[key][1].append(time.perf_counter() - t)
             out = y if key == "row" else out
     stats = {k: (min(cpu), statistics.median(cpu), min(wall)) for k, (cpu, wall) in times.items()}
-    return out, stats["row"], stats["ref"]
+    pair_ratio = statistics.median(r / c for r, c in zip(times["ref"][0], times["row"][0]))
+    return out, stats["row"], stats["ref"], pair_ratio
 
 
 def run_model(kind: str, model, steps: int, rows: list) -> None:
@@ -188,13 +193,14 @@ def run_model(kind: str, model, steps: int, rows: list) -> None:
         """One row: ``run()`` (a sampling call with a cache attached) timed against uncached: ``ref_run()``
         when the row runs its own sampling loop (the same loop without the cache), else ``call(plain)``."""
         if PAIRED:
-            x, (t, m, w), (rt, rm, rw) = paired(run, ref_run or (lambda: call(plain)))
+            x, (t, m, w), (rt, rm, rw), pair = paired(run, ref_run or (lambda: call(plain)))
         else:
             x, t, m, w = timed(run)
             rt, rm, rw = timed(ref_run)[1:] if ref_run is not None else (t0, m0, w0)
         return dict(model=kind, steps=steps, cache=name, seconds=round(t, 3), median=round(m, 3), wall=round(w, 3),
                     speedup=round(rt / t, 2), median_speedup=round(rm / m, 2), wall_speedup=round(rw / w, 2),
-                    psnr=round(psnr(x, ref), 2), accuracy=acc(x), **({"ref_seconds": round(rt, 3)} if PAIRED else {}))
+                    psnr=round(psnr(x, ref), 2), accuracy=acc(x),
+                    **({"ref_seconds": round(rt, 3), "pair_speedup": round(pair, 2)} if PAIRED else {}))
 
     try:
         for name, cfg in ours(kind, steps).items():
@@ -429,7 +435,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "caching.json").write_text(json.dumps(rows, indent=1))
     keys = ["model", "steps", "cache", "seconds", "median", "wall", "speedup", "median_speedup", "wall_speedup", "psnr",
-            "accuracy", "ref_seconds", "error"]
+            "accuracy", "ref_seconds", "pair_speedup", "error"]
     with open(out / "caching.csv", "w", newline="") as f:
         w = csv.DictWriter(f, keys)
         w.writeheader()

@@ -233,6 +233,19 @@ def learn_word_vocabulary(tasks, min_count: int, samples_per_task: int = 400, se
     return sorted(w for w, c in counts.items() if c >= min_count)
 
 
+def pad_numbers(answer: str, width: int = 2) -> str:
+    """The arithmetic worked steps with every number zero-padded to ``width`` digits
+    ("3+5=8. 8-2=6. #### 6" -> "03+05=08. 08-02=06. #### 06").
+
+    Why: with numbers of varying length a result digit's role (tens or ones) and the positions of the
+    operand digits it depends on vary from step to step; at a fixed width the ones digit of a result
+    always sits at the same offset from the ones digits of its operands. Scoring is unchanged
+    (``extract_number("#### 06") == 6``), so this is the model's own worked-step format, as a
+    chain-of-thought format is; the suites' prompts and verifiers do not change.
+    """
+    return re.sub(r"\d+", lambda m: m.group().zfill(width), answer)
+
+
 def sample_train_example(task, rng: random.Random):
     while True:
         ex = task._make(rng)
@@ -244,7 +257,7 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
                 no_sep: float, gen: torch.Generator, short_resp: float = 0.0,
                 full_mask: float = 0.0, min_mask_ratio: float = 0.5, loss_weighting: str = "mean",
                 mask_ratio_power: float = 1.0, eos_revealed: float = 0.0,
-                semi_ar_blocks: tuple[int, ...] = (8, 16, 32)):
+                semi_ar_blocks: tuple[int, ...] = (8, 16, 32), arithmetic_format: str = "plain"):
     """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
 
     With probability `short_resp` the whole batch uses a shorter response (its longest answer plus
@@ -255,7 +268,8 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
         task = rng.choices(tasks, weights=weights)[0]
         ex = sample_train_example(task, rng)
         p = ex.prompt + ("" if rng.random() < no_sep else PROMPT_SUFFIX)
-        a = tok.encode(ex.answer)
+        answer = pad_numbers(ex.answer) if arithmetic_format == "padded" and task.name == "arithmetic" else ex.answer
+        a = tok.encode(answer)
         assert len(a) < RESPONSE_LEN, ex
         prompts.append(tok.encode(p))
         responses.append(a + [tok.eos_token_id] * (RESPONSE_LEN - len(a)))
@@ -405,6 +419,9 @@ def main(argv=None):
     ap.add_argument("--short-resp", type=float, default=0.5,
                     help="fraction of batches trained with a response cut to answer + 1-8 EOS")
     ap.add_argument("--tasks", default="all")
+    ap.add_argument("--arithmetic-format", choices=("plain", "padded"), default="plain",
+                    help="worked steps of the arithmetic answers as the task writes them, or with every "
+                         "number zero-padded to two digits (see pad_numbers)")
     ap.add_argument("--task-weights", default="",
                     help="overrides of the sampling weights, e.g. 'copy=1.5,sudoku=0.75'")
     ap.add_argument("--threads", type=int, default=2)
@@ -475,7 +492,8 @@ def main(argv=None):
                                           args.semi_ar, args.no_sep, gen, args.short_resp,
                                           args.full_mask, args.min_mask_ratio, args.loss_weighting,
                                           args.mask_ratio_power, args.eos_revealed,
-                                          tuple(int(b) for b in args.semi_ar_blocks.split(",")))
+                                          tuple(int(b) for b in args.semi_ar_blocks.split(",")),
+                                          args.arithmetic_format)
         x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")

@@ -90,11 +90,20 @@ def register(subparsers) -> None:
     p.add_argument("--cache", default=None, metavar="NAME[:key=value,...]",
                    help="reuse or forecast features across steps: tgate, block, deepcache, rehash (UNets) or "
                         "forecast, options as in their configs (e.g. tgate:gate_step=10, forecast:interval=4; "
-                        "see docs/caching.md)")
+                        "forecast's num_steps defaults to this run's step count; see docs/caching.md)")
     p.add_argument("--out", default="dlm-image-out", help="output folder (default: dlm-image-out)")
     p.add_argument("--scale", type=positive_int, default=8, help="upscale factor of the PNGs (default: 8)")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     p.set_defaults(func=run)
+
+
+def denoiser_steps(scheduler, steps: int) -> int:
+    """How many denoiser steps a run of ``steps`` makes, as ``caching`` counts them: runs of equal
+    timesteps are one step (Heun-type and PRK schedulers evaluate some timesteps twice)."""
+    import torch
+
+    scheduler.set_timesteps(steps)
+    return int(torch.unique_consecutive(torch.as_tensor(scheduler.timesteps)).numel())
 
 
 def run(args) -> int:
@@ -131,6 +140,8 @@ def run(args) -> int:
     if cache_config is not None:
         import caching
 
+        if args.search is None:  # forecast: count its schedule back from the run's last step (ForecastConfig.num_steps)
+            cache_config = caching.parse_spec(args.cache, cond_index=0, num_steps=denoiser_steps(pipe.scheduler, args.steps))
         caching.apply(pipe, cache_config)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     gen = torch.Generator().manual_seed(args.seed)

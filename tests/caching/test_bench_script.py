@@ -54,6 +54,9 @@ def test_tiny_run_writes_rows_plot_and_head_to_head(bench, tmp_path, paired):
     rows = json.loads((out / "caching.json").read_text())
     # --paired: every cached row carries the time of the uncached calls made beside it
     assert all(("ref_seconds" in r) == paired for r in rows[1:]) and "ref_seconds" not in rows[0]
+    # and the median of its back-to-back (uncached / cached) time ratios
+    assert all(("pair_speedup" in r) == paired for r in rows[1:])
+    assert all(r["pair_speedup"] > 0 for r in rows[1:] if paired)
     assert [r["cache"] for r in rows] == ["uncached", "never-skip", "block:threshold=10,warmup_steps=1"]
     assert all(r["model"] == "digits" and r["steps"] == 3 for r in rows)
     assert rows[1]["psnr"] == math.inf  # never-skip reproduces uncached exactly

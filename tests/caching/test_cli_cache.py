@@ -24,3 +24,17 @@ def test_image_cache_bad_spec(tmp_path, capsys, spec, msg):
     assert main(["image", "--steps", "2", "--cache", spec, "--out", str(tmp_path)]) != 0
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+def _images(tmp_path, capsys, name, extra):
+    argv = ["image", "--steps", "6", "--digits", "3,8", "--json", "--out", str(tmp_path / name)] + extra
+    assert main(argv) == 0
+    return [open(f, "rb").read() for f in json.loads(capsys.readouterr().out)["files"]]
+
+
+def test_image_forecast_counts_its_schedule_from_this_runs_steps(tmp_path, capsys):
+    filled = _images(tmp_path, capsys, "a", ["--cache", "forecast:interval=2"])
+    assert filled == _images(tmp_path, capsys, "b", ["--cache", "forecast:interval=2,num_steps=6"])
+    assert filled != _images(tmp_path, capsys, "c", ["--cache", "forecast:interval=2,num_steps=0"])
+    # a PRK warm-up evaluates some timesteps twice: 6 steps are 9 denoiser steps, and the run completes
+    _images(tmp_path, capsys, "d", ["--cache", "forecast:interval=2", "--solver", "pndm"])

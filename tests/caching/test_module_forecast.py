@@ -195,3 +195,50 @@ def test_unet_attention_layers_are_forecast():
         first.handle.remove()
         later.handle.remove()
         caching.remove(model)
+
+
+@pytest.mark.parametrize("interval,warmup,computed,forward", [
+    # counted back from step 6 (= STEPS - 2); without num_steps, forward from the warm-up
+    (2, 3, {0, 1, 2, 4, 6}, {0, 1, 2, 3, 5, 7}),
+    (3, 2, {0, 1, 3, 6}, {0, 1, 2, 5}),
+    (1, 3, set(range(STEPS)), set(range(STEPS))),  # interval 1 never forecasts, not even the last step
+])
+def test_num_steps_counts_the_schedule_back_from_the_step_before_the_last(interval, warmup, computed, forward):
+    def computed_steps(cfg):
+        return {s for s in range(STEPS) if not cfg.fixed_forecast(s)}
+    assert computed_steps(caching.ForecastConfig(interval=interval, warmup_steps=warmup, num_steps=STEPS)) == computed
+    assert computed_steps(caching.ForecastConfig(interval=interval, warmup_steps=warmup)) == forward
+
+
+@pytest.mark.parametrize("name", ["pixart", "sd3"])
+def test_num_steps_forecasts_the_last_step_under_every_schedule(models, name):
+    model = models[name]
+    attn1 = getattr(model.transformer_blocks[1], "attn1", None) or model.transformer_blocks[1].attn
+    counter = inner_calls(attn1)
+    try:
+        for never in (caching.ForecastConfig(threshold=1e-12, interval=3, warmup_steps=2, num_steps=STEPS),
+                      caching.ForecastConfig(tolerance=1e-12, interval=8, num_steps=STEPS)):
+            counter.n = 0
+            tracker = caching.apply(model, never)  # would compute every step without num_steps
+            sample(model, STEPS)
+            caching.remove(model)
+            assert counter.n == STEPS - 1 and tracker.counters["steps_cached"] == 1
+        tracker = caching.apply(model, caching.ForecastConfig(interval=2, warmup_steps=3, num_steps=STEPS))
+        counter.n = 0
+        sample(model, STEPS)
+        assert counter.n == 5 and tracker.counters["steps_cached"] == 3  # steps 0, 1, 2, 4, 6 computed
+    finally:
+        counter.handle.remove()
+        caching.remove(model)
+
+
+def test_num_steps_refuses_a_longer_run_and_bad_values(models):
+    model = models["pixart"]
+    try:
+        caching.apply(model, caching.parse_spec("forecast:interval=2,num_steps=4"))
+        with pytest.raises(ValueError, match="num_steps=4.*num_inference_steps"):
+            sample(model, 6)
+    finally:
+        caching.remove(model)
+    with pytest.raises(ValueError, match="num_steps must be"):
+        caching.ForecastConfig(num_steps=-1).validate()

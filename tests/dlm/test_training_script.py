@@ -1,5 +1,6 @@
 """The training script only ever sees the train split, and its task-weight option fails loudly."""
 import random
+import re
 
 import pytest
 import torch
@@ -122,3 +123,39 @@ def test_semi_ar_block_size_one_masks_a_suffix(train_script):
         first = int(row.float().argmax())
         assert row[first + 1:].all(), row  # everything after the first masked position is masked
     assert len({int(r.float().argmax()) for r in masked}) > 5  # the cut point varies across rows
+
+
+def test_padded_arithmetic_format_keeps_every_value_and_the_score(train_script):
+    from dlm.tasks import extract_number
+
+    task = get_suite("arithmetic")[0]
+    rng = random.Random(3)
+    for _ in range(200):
+        ex = task._make(rng)
+        padded = train_script.pad_numbers(ex.answer)
+        # the same numbers at two digits each, the same text around them, the same score
+        assert [int(n) for n in padded.replace("#", " ").split() if n.isdigit()] == \
+            [int(n) for n in ex.answer.replace("#", " ").split() if n.isdigit()]
+        assert all(len(tok) == 2 for tok in re.findall(r"\d+", padded))
+        assert re.sub(r"\d+", "N", padded) == re.sub(r"\d+", "N", ex.answer)
+        assert task.score(ex, padded) == 1.0 and extract_number(padded) == ex.meta["value"]
+    assert train_script.pad_numbers("3+5=8. 8*3=24. #### 24") == "03+05=08. 08*03=24. #### 24"
+
+
+def test_padded_format_reaches_only_arithmetic_rows(train_script):
+    tasks = get_suite("all")
+    tok = TinyCharTokenizer()
+    weights = [1.0 if t.name in ("arithmetic", "copy") else 0.0 for t in tasks]
+    rng, gen = random.Random(1), torch.Generator().manual_seed(1)
+    x, clean, att, w, P = train_script.build_batch(tasks, weights, tok, rng, batch_size=32, semi_ar=0.0, no_sep=0.0,
+                                                   gen=gen, arithmetic_format="padded")
+    kinds = set()
+    for row in clean[:, P:].tolist():
+        text = tok.decode([t for t in row if t != tok.eos_token_id])
+        if "####" in text:  # an arithmetic answer: every number at two digits
+            kinds.add("arithmetic")
+            assert all(len(n) == 2 for n in re.findall(r"\d+", text)), text
+        else:
+            kinds.add("copy")
+            assert not re.search(r"\d", text)
+    assert kinds == {"arithmetic", "copy"}
