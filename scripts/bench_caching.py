@@ -456,17 +456,20 @@ def is_peer(cache: str) -> bool:
 def head_to_head(rows) -> list:
     """For each peer row (diffusers, cache-dit) that skipped something: our fastest row on the same model and step
     count, in the same run, that skipped something with PSNR at least as high (equal or better
-    fidelity), and the speed ratio ours / theirs."""
+    fidelity), and the speed ratio ours / theirs. Speed-ups are the back-to-back pair medians under
+    --paired (``pair_speedup``), else the best-of ratios."""
+    def speed(r):
+        return r.get("pair_speedup", r["speedup"])
     out = []
     done = [r for r in rows if "psnr" in r and r["cache"] not in ("uncached", "never-skip")]
     for d in (r for r in done if is_peer(r["cache"]) and math.isfinite(r["psnr"])):
         rivals = [r for r in done if not is_peer(r["cache"]) and r["model"] == d["model"]
                   and r["steps"] == d["steps"] and d["psnr"] <= r["psnr"] < math.inf]  # inf: skipped nothing
-        best = max(rivals, key=lambda r: r["speedup"], default=None)
-        out.append(dict(model=d["model"], steps=d["steps"], theirs=d["cache"], their_speedup=d["speedup"],
-                        their_psnr=d["psnr"], ours=best and best["cache"], our_speedup=best and best["speedup"],
+        best = max(rivals, key=speed, default=None)
+        out.append(dict(model=d["model"], steps=d["steps"], theirs=d["cache"], their_speedup=speed(d),
+                        their_psnr=d["psnr"], ours=best and best["cache"], our_speedup=best and speed(best),
                         our_psnr=best and best["psnr"],
-                        ratio=best and round(best["speedup"] / d["speedup"], 2)))
+                        ratio=best and round(speed(best) / speed(d), 2)))
     return out
 
 
@@ -487,10 +490,10 @@ def plot(rows, path) -> None:
     for ax, model in zip(axes.flat, models):
         for r in (r for r in ok if r["model"] == model):
             ours = not is_peer(r["cache"])
-            ax.scatter(r["psnr"], r["speedup"], marker="s" if ours else "o", s=22,
+            ax.scatter(r["psnr"], r.get("pair_speedup", r["speedup"]), marker="s" if ours else "o", s=22,
                        color=colours.get(r["steps"], "tab:gray"), edgecolor="k" if not ours else None)
             label = r["cache"].replace("diffusers ", "d:").replace("cache-dit ", "cd:").replace("threshold=", "").replace("interval=", "")
-            ax.annotate(f"{label}", (r["psnr"], r["speedup"]), fontsize=5, xytext=(3, 2), textcoords="offset points")
+            ax.annotate(f"{label}", (r["psnr"], r.get("pair_speedup", r["speedup"])), fontsize=5, xytext=(3, 2), textcoords="offset points")
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("PSNR vs uncached (dB)", fontsize=8)
         ax.set_ylabel("speed-up (CPU time)", fontsize=8)

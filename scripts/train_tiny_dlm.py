@@ -195,6 +195,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlm.generate import generate  # noqa: E402
 from dlm.tasks import PROMPT_SUFFIX, get_suite, split_of  # noqa: E402
+from dlm.tasks.arithmetic import pad_numbers  # noqa: E402
 from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel  # noqa: E402
 
 RESPONSE_LEN = 64
@@ -231,19 +232,6 @@ def learn_word_vocabulary(tasks, min_count: int, samples_per_task: int = 400, se
             for word in re.findall(r"[a-z]{2,}", ex.prompt + " " + ex.answer):
                 counts[word] = counts.get(word, 0) + 1
     return sorted(w for w, c in counts.items() if c >= min_count)
-
-
-def pad_numbers(answer: str, width: int = 2) -> str:
-    """The arithmetic worked steps with every number zero-padded to ``width`` digits
-    ("3+5=8. 8-2=6. #### 6" -> "03+05=08. 08-02=06. #### 06").
-
-    Why: with numbers of varying length a result digit's role (tens or ones) and the positions of the
-    operand digits it depends on vary from step to step; at a fixed width the ones digit of a result
-    always sits at the same offset from the ones digits of its operands. Scoring is unchanged
-    (``extract_number("#### 06") == 6``), so this is the model's own worked-step format, as a
-    chain-of-thought format is; the suites' prompts and verifiers do not change.
-    """
-    return re.sub(r"\d+", lambda m: m.group().zfill(width), answer)
 
 
 def sample_train_example(task, rng: random.Random):

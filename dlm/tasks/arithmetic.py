@@ -33,6 +33,19 @@ def extract_number(text) -> Optional[int]:
     return int(nums[-1]) if nums else None
 
 
+def pad_numbers(answer: str, width: int = 2) -> str:
+    """The arithmetic worked steps with every number zero-padded to ``width`` digits
+    ("3+5=8. 8-2=6. #### 6" -> "03+05=08. 08-02=06. #### 06").
+
+    Why: with numbers of varying length a result digit's role (tens or ones) and the positions of the
+    operand digits it depends on vary from step to step; at a fixed width the ones digit of a result
+    always sits at the same offset from the ones digits of its operands. Scoring is unchanged
+    (``extract_number("#### 06") == 6``), so this is the model's own worked-step format, as a
+    chain-of-thought format is; the suites' prompts and verifiers do not change.
+    """
+    return re.sub(r"\d+", lambda m: m.group().zfill(width), answer)
+
+
 class Arithmetic(Task):
     name = "arithmetic"
 

@@ -38,6 +38,15 @@ def test_head_to_head_takes_our_fastest_row_at_equal_or_better_psnr(bench):
     assert out[1]["ours"] is None and out[1]["ratio"] is None
 
 
+def test_head_to_head_reads_the_pair_speedups_under_paired(bench):
+    rows = [dict(_row("block:a", 1.9, 45.0), pair_speedup=1.4),
+            dict(_row("block:b", 1.5, 46.0), pair_speedup=1.6),  # faster by its back-to-back pairs
+            dict(_row("diffusers FirstBlockCache(0.1)", 1.6, 44.0), pair_speedup=1.2)]
+    (out,) = bench.head_to_head(rows)
+    assert out["ours"] == "block:b" and out["our_speedup"] == 1.6 and out["their_speedup"] == 1.2
+    assert out["ratio"] == round(1.6 / 1.2, 2)
+
+
 def test_bad_extra_spec_is_a_one_line_usage_error(bench, capsys):
     with pytest.raises(SystemExit) as err:
         bench.main(["--extra", "block:treshold=0.2", "--models", "digits"])
