@@ -195,7 +195,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlm.generate import generate  # noqa: E402
 from dlm.tasks import PROMPT_SUFFIX, get_suite, split_of  # noqa: E402
-from dlm.tasks.arithmetic import pad_numbers  # noqa: E402
+from dlm.tasks.arithmetic import ArithmeticDrill, pad_numbers  # noqa: E402
 from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel  # noqa: E402
 
 RESPONSE_LEN = 64
@@ -234,6 +234,18 @@ def learn_word_vocabulary(tasks, min_count: int, samples_per_task: int = 400, se
     return sorted(w for w, c in counts.items() if c >= min_count)
 
 
+_STEP = re.compile(r"(\d+)([-+*])(\d+)=(\d+)")
+
+
+def result_span(answer: str, ids: list[int], rng: random.Random):
+    """Token span ``(start, end)`` of one random step's result in an arithmetic answer (digits and
+    symbols are one token per character), or None if the answer has no step."""
+    if len(ids) != len(answer):
+        raise ValueError("result masking needs one token per answer character (digits and symbols)")
+    steps = list(_STEP.finditer(answer))
+    return rng.choice(steps).span(4) if steps else None
+
+
 def sample_train_example(task, rng: random.Random):
     while True:
         ex = task._make(rng)
@@ -245,19 +257,28 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
                 no_sep: float, gen: torch.Generator, short_resp: float = 0.0,
                 full_mask: float = 0.0, min_mask_ratio: float = 0.5, loss_weighting: str = "mean",
                 mask_ratio_power: float = 1.0, eos_revealed: float = 0.0,
-                semi_ar_blocks: tuple[int, ...] = (8, 16, 32), arithmetic_format: str = "plain"):
+                semi_ar_blocks: tuple[int, ...] = (8, 16, 32), arithmetic_format: str = "plain",
+                result_mask: float = 0.0):
     """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
+
+    `result_mask`: the share of arithmetic rows (task and drill) whose answer is masked from one
+    random step's result on, with the whole loss on that result's digits: the state in which a
+    result must be computed, since no later step repeats it (the probe's condition, see
+    scripts/probe_tiny_dlm_arithmetic.py). Under random masking a result is mostly learned by copying
+    it from the next step.
 
     With probability `short_resp` the whole batch uses a shorter response (its longest answer plus
     1-8 EOS) to save compute; the rest uses the full R = 64 that inference uses.
     """
-    prompts, responses = [], []
+    prompts, responses, results = [], [], []
     for _ in range(batch_size):
         task = rng.choices(tasks, weights=weights)[0]
         ex = sample_train_example(task, rng)
         p = ex.prompt + ("" if rng.random() < no_sep else PROMPT_SUFFIX)
-        answer = pad_numbers(ex.answer) if arithmetic_format == "padded" and task.name == "arithmetic" else ex.answer
+        arithmetic = task.name in ("arithmetic", ArithmeticDrill.name)
+        answer = pad_numbers(ex.answer) if arithmetic_format == "padded" and arithmetic else ex.answer
         a = tok.encode(answer)
+        results.append(result_span(answer, a, rng) if arithmetic and rng.random() < result_mask else None)
         assert len(a) < RESPONSE_LEN, ex
         prompts.append(tok.encode(p))
         responses.append(a + [tok.eos_token_id] * (RESPONSE_LEN - len(a)))
@@ -319,6 +340,12 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
     else:  # plain mean over the masked tokens of the batch (times B: the caller divides by B)
         w = mask.float() * B / mask.sum().clamp_min(1)
 
+    for i, span in enumerate(results):  # result-masked rows (see `result_mask`)
+        if span is not None and span[1] <= R:
+            mask[i] = pos >= span[0]
+            w[i] = 0.0
+            w[i, span[0]:span[1]] = 1.0 if loss_weighting == "row-mean" else B / mask.sum().item()
+            w[i, span[0]:span[1]] /= span[1] - span[0]
     x = clean.clone()
     x[:, P:][mask] = tok.mask_token_id
     weights_full = torch.zeros(B, P + R)
@@ -407,6 +434,11 @@ def main(argv=None):
     ap.add_argument("--short-resp", type=float, default=0.5,
                     help="fraction of batches trained with a response cut to answer + 1-8 EOS")
     ap.add_argument("--tasks", default="all")
+    ap.add_argument("--arith-drill", type=float, default=0.0,
+                    help="weight of one-operation arithmetic drills (dlm.tasks.arithmetic.ArithmeticDrill, "
+                         "training only) added to the task mix; 0: none")
+    ap.add_argument("--result-mask", type=float, default=0.0,
+                    help="share of arithmetic rows masked from one step's result on, loss on that result only")
     ap.add_argument("--arithmetic-format", choices=("plain", "padded"), default="plain",
                     help="worked steps of the arithmetic answers as the task writes them, or with every "
                          "number zero-padded to two digits (see pad_numbers)")
@@ -430,13 +462,15 @@ def main(argv=None):
     rng = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     tasks = get_suite(args.tasks)
+    if args.arith_drill > 0:
+        tasks = tasks + [ArithmeticDrill()]
     if args.init:
         tok = TinyCharTokenizer.from_pretrained(args.init)
     else:
         tok = TinyCharTokenizer(words=learn_word_vocabulary(tasks, args.word_min_count) if args.word_min_count else ())
     print(f"vocabulary {tok.vocab_size} tokens ({len(tok.words)} whole words)", flush=True)
     weight_of = task_weights(args.task_weights)
-    weights = [weight_of.get(t.name, 1.0) for t in tasks]
+    weights = [args.arith_drill if t.name == ArithmeticDrill.name else weight_of.get(t.name, 1.0) for t in tasks]
     cfg = TinyDLMConfig(
         vocab_size=tok.vocab_size, hidden_size=args.hidden_size, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, intermediate_size=args.intermediate,
@@ -481,7 +515,7 @@ def main(argv=None):
                                           args.full_mask, args.min_mask_ratio, args.loss_weighting,
                                           args.mask_ratio_power, args.eos_revealed,
                                           tuple(int(b) for b in args.semi_ar_blocks.split(",")),
-                                          args.arithmetic_format)
+                                          args.arithmetic_format, args.result_mask)
         x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")

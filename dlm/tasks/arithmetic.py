@@ -48,6 +48,7 @@ def pad_numbers(answer: str, width: int = 2) -> str:
 
 class Arithmetic(Task):
     name = "arithmetic"
+    step_counts = (2, 3)  # operations per problem (inclusive range)
 
     def _make(self, rng: random.Random) -> Example:
         while True:
@@ -61,7 +62,7 @@ class Arithmetic(Task):
         v = rng.randint(1, 20)
         sents = [f"{person} has {v} {obj}."]
         steps = []
-        for _ in range(rng.randint(2, 3)):
+        for _ in range(rng.randint(*self.step_counts)):
             kind = rng.choices(("add", "sub", "mul"), weights=(4, 4, 1))[0]
             if kind == "add":
                 n = rng.randint(1, 20)
@@ -81,7 +82,7 @@ class Arithmetic(Task):
             v = new
             sents.append(sents_i)
             steps.append(step)
-        if len(steps) < 2:
+        if len(steps) < self.step_counts[0]:
             return None
         prompt = " ".join(sents) + " how many?"
         answer = " ".join(steps) + f" #### {v}"
@@ -93,3 +94,14 @@ class Arithmetic(Task):
 
     def score(self, example: Example, output_text: str) -> float:
         return 1.0 if extract_number(output_text) == example.meta["value"] else 0.0
+
+
+class ArithmeticDrill(Arithmetic):
+    """One-operation problems in the arithmetic task's format, for training only (in no suite):
+    "ann has 17 figs. she gets 5. how many?" -> "17+5=22. #### 22". Each drill is one more result to
+    compute, with the same prompt template and worked-step format as the task
+    (``scripts/train_tiny_dlm.py --arith-drill``)."""
+
+    name = "arithmetic_drill"
+    step_counts = (1, 1)
+

@@ -159,3 +159,21 @@ def test_padded_format_reaches_only_arithmetic_rows(train_script):
             kinds.add("copy")
             assert not re.search(r"\d", text)
     assert kinds == {"arithmetic", "copy"}
+
+
+def test_result_masked_rows_hide_a_result_and_everything_after_it(train_script):
+    from dlm.tasks.arithmetic import ArithmeticDrill
+
+    tasks = get_suite("arithmetic") + [ArithmeticDrill()]
+    tok = TinyCharTokenizer()
+    rng, gen = random.Random(2), torch.Generator().manual_seed(2)
+    x, clean, att, w, P = train_script.build_batch(tasks, [1.0, 1.0], tok, rng, batch_size=16, semi_ar=0.0,
+                                                   no_sep=0.0, gen=gen, loss_weighting="row-mean",
+                                                   arithmetic_format="padded", result_mask=1.0)
+    for row_x, row_clean, row_w in zip(x[:, P:].tolist(), clean[:, P:].tolist(), w[:, P:]):
+        text = tok.decode([t for t in row_clean if t != tok.eos_token_id])
+        start = next(i for i, t in enumerate(row_x) if t == tok.mask_token_id)
+        assert all(t == tok.mask_token_id for t in row_x[start:])  # a clean prefix, then all masked
+        # the prefix ends with "=": the masked span starts at a result, whose digits carry the loss
+        assert text[start - 1] == "=" and text[start:start + 2].isdigit()
+        assert torch.allclose(row_w[start:start + 2], torch.full((2,), 0.5)) and row_w.sum().item() == pytest.approx(1.0)
