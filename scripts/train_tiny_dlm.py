@@ -172,8 +172,31 @@ its last digit. Two attempts from stage 10, both stopped without a gain (an earl
   - an arithmetic-only model from scratch (`--tasks arithmetic --lr 1.5e-3 --min-mask-ratio 0
     --semi-ar 0.6 --semi-ar-blocks 1,2,4,8,16,32`, 18 min, about 1,630 steps): tens 62%, ones 10%.
   At this size and these budgets the ones digit of a sum is not learned even without the other tasks.
+Two-digit worked steps (`--arithmetic-format padded`, dlm.tasks.arithmetic.pad_numbers: "5+9=14" is
+written "05+09=14", so a result digit always sits at the same offset from the operand digits it
+depends on; scoring reads "#### 06" as 6) did not help on its own (2026-11-24):
+  - arithmetic only, from scratch, 18 min (stage-12 settings): decoded 14% vs 11% for the plain
+    format's run (100 test prompts); neither had learned to copy the operands yet;
+  - stage 13: stage 10's recipe from v2.1 with the padded format and arithmetic=8, 30 min (3,210
+    steps): probe (padded) `+` 11%, two-digit sums tens 64% / ones 14%. Stopped.
+What moved the ones digit: dense result-computing rows. A standalone check (/tmp script, one-step
+"aa+bb=" drills only, the same architecture from scratch, every row's result masked) learned the
+ones digit abruptly after about 2,000 steps of 64 rows (ones 12% -> 39% between steps 1,600 and
+2,200). Stage 14 adds such rows to stage 10's mix: one-operation problems in the task's own format
+(`--arith-drill`, dlm.tasks.arithmetic.ArithmeticDrill, training only) and `--result-mask`: a share
+of the arithmetic rows masked from one step's result on, with the loss on that result only:
+
+    python scripts/train_tiny_dlm.py --init <v2.1> --out /tmp/stage14 --max-minutes 65 \
+        --threads 1 --lr 3e-4 --warmup 100 --min-mask-ratio 0 --loss-weighting row-mean --arithmetic-format padded \
+        --arith-drill 12 --result-mask 0.6 \
+        --task-weights reverse=1,sort=2,insert_index=1,remove_index=0.7,replace_index=1,shuffle=2.5,insert_random=2.5,replace_random=2.5,arithmetic=5,sudoku=1,latin=1 \
+        --seed 14 --save-every-min 8 --eval-every-min 1000
+
+  probe (padded, 100 prompts) at steps 952 / 1,981 / 2,981: `+` 14 / 28 / 38%, `-` 30 / 37 / 40%,
+  two-digit sums ones 20 / 34 / 39% (v2.1: `+` 16%, ones 14%; stage 13 at 3,210 steps: 11%, 14%).
+STAGE14_RESULT
 Untested directions: numbers as single tokens (a lookup instead of digit carries), an answer format
-with the ones digit first, or a larger model; each needs hours of CPU training, not minutes.
+with the ones digit first, or a larger model.
 """
 from __future__ import annotations
 
