@@ -241,6 +241,8 @@ def peer_caches(kind: str, steps: int) -> dict:
     if WITH_DIFFUSERS:
         for name, (apply_fn, cfg) in diffusers_caches().items():
             out[name] = ((lambda net, f=apply_fn, c=cfg: f(net, c)), diffusers_call)
+        if DIFFUSERS_SWEEP and not kind.startswith("unet"):  # MagCache hooks a transformer's block lists
+            out.update(mag_caches(steps))
     if PEERS:  # cache-dit does not support SD UNets; the DeepCache package supports only them
         out.update(deepcache_package_caches(steps) if kind.startswith("unet") else cache_dit_caches(kind, steps))
     return out
@@ -343,6 +345,41 @@ def diffusers_call(net):
         yield
     finally:
         _set_cache_context(net, None)
+
+
+def mag_caches(steps: int, thresholds=(0.06, 0.12, 0.24)) -> dict:
+    """Diffusers' MagCache at its default threshold (0.06) and two faster ones, each calibrated on
+    the model the way its docs say: one call with ``calibrate=True`` (nothing skipped; it measures
+    the magnitude ratio of consecutive steps' residuals), whose ratios then become ``mag_ratios``.
+    The calibration is the row's untimed warm-up call (``timed``/``paired`` make one first) on the
+    same inputs; later calls skip. Retention (no skipping in the first 20% of steps) and
+    ``max_skip_steps=3`` are its defaults."""
+    from diffusers import MagCacheConfig
+    from diffusers.hooks import apply_mag_cache
+    from diffusers.hooks import mag_cache as mc
+
+    def rows(threshold):
+        cfg = MagCacheConfig(calibrate=True, num_inference_steps=steps, threshold=threshold)
+
+        @contextlib.contextmanager
+        def before_call(net):
+            with diffusers_call(net):
+                if not cfg.calibrate:
+                    yield
+                    return
+                ratios, original = [], mc.MagCacheBlockHook._perform_calibration_step
+
+                def record(hook, state, residual):
+                    original(hook, state, residual)
+                    ratios.append(state.calibration_ratios[-1])
+                mc.MagCacheBlockHook._perform_calibration_step = record
+                try:
+                    yield
+                finally:
+                    mc.MagCacheBlockHook._perform_calibration_step = original
+                cfg.calibrate, cfg.mag_ratios = False, torch.tensor(ratios)  # the hooks share this config
+        return (lambda net: apply_mag_cache(net, cfg)), before_call
+    return {f"diffusers MagCache({th})": rows(th) for th in thresholds}
 
 
 def cache_dit_caches(kind: str, steps: int) -> dict:

@@ -3,6 +3,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from script_loader import load_script  # tests/script_loader.py (tests/ is on sys.path)
 
@@ -72,3 +73,20 @@ def test_tiny_run_writes_rows_plot_and_head_to_head(bench, tmp_path, paired):
     assert rows[2]["psnr"] < math.inf  # the --extra config skipped blocks
     assert (out / "caching.png").stat().st_size > 0
     assert json.loads((out / "head_to_head.json").read_text()) == []  # no diffusers rows
+
+
+def test_mag_cache_rows_calibrate_on_their_first_call_then_skip(bench):
+    from tests.caching.tiny import sample, tiny_pixart
+
+    model = tiny_pixart()
+    ref = sample(model, 8)
+    attach, before_call = bench.mag_caches(8, thresholds=(0.24,))["diffusers MagCache(0.24)"]
+    attach(model)
+    with before_call(model):
+        calibration = sample(model, 8)
+    assert torch.equal(calibration, ref)  # the calibration call skips nothing
+    with before_call(model):
+        cached = sample(model, 8)
+    assert not torch.equal(cached, ref)  # calibrated: it skips blocks now
+    with before_call(model):
+        assert torch.equal(sample(model, 8), cached)  # and its state resets between calls
