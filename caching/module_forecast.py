@@ -18,7 +18,9 @@ for quadratic outputs at any step spacing. Until ``k`` earlier computed steps ex
 
 Schedule (which steps are computed):
 - ``threshold = 0``: fixed interval, as TaylorSeer and diffusers' ``TaylorSeerCacheConfig``: every
-  step before ``warmup_steps``, then every ``interval``-th step; the others are forecast.
+  step before ``warmup_steps``, then every ``interval``-th step from ``warmup_steps + offset``; the
+  others are forecast. Diffusers' ``TaylorSeerCacheConfig(disable_cache_before_step=w)`` forecasts the
+  step right after its warm-up and computes ``w + 1``, ``w + 1 + interval``, ...: ``offset=1``.
 - ``threshold > 0``: adaptive, as DBCache decides whole-block reuse. The first ``first_blocks``
   blocks always run and their residual (output minus input, ``[B, N, C]``) is compared with the one
   of the last computed step, ``d = mean|r - r_ref| / mean|r_ref|``: the rest of the step is
@@ -42,6 +44,14 @@ computing 0-3, 5, ..., 19 (one more step) 36.2 dB; on the random tiny PixArt and
 numbers of computed steps, the schedules that forecast step 19 are 4-6 dB closer (docs/caching.md).
 A forward-counted schedule ends on the last step or not depending on ``warmup_steps`` and the step
 count; with ``num_steps`` it never computes it.
+
+Where the computed steps fall matters as much as how many there are: on the random tiny SD3 at 20
+steps, interval 4, the forward count (``warmup_steps=3``) computes 8 steps (0-3, 7, ..., 19) for
+66.8 dB, diffusers' TaylorSeer 7 (0-2, 4, 8, 12, 16) for the same 66.8 dB. ``offset`` moves the
+fixed schedule's computed steps ``offset`` steps inwards from its anchor: later than the warm-up
+(forward count) or earlier than step ``num_steps - 2`` (with ``num_steps``); ``offset=1`` without
+``num_steps`` is diffusers' schedule, ``num_steps=20,offset=1`` computes 0-2, 5, 9, 13, 17 (68.1 dB
+there, docs/caching.md).
 
 What differs from diffusers' TaylorSeer (docs/caching.md compares both in one run): the feed-forward
 modules are forecast too (``ff=1``; diffusers' default hooks attention only), the factors stay in the
@@ -82,6 +92,11 @@ class ForecastConfig:
     it (computed: ``num_steps - 2``, ``num_steps - 2 - interval``, ...), because the last step's model
     output barely reaches the sample (see "The last step" in the module docstring). A run with more
     steps raises ValueError; with fewer (img2img) the schedule is only misaligned.
+    offset: fixed schedule only, ``0 <= offset < interval``: its computed steps after the warm-up move
+    ``offset`` steps inwards (forward count: ``warmup_steps + offset``, ``+ interval``, ...; with
+    ``num_steps``: ``num_steps - 2 - offset``, ``- interval``, ...). ``offset=1`` without ``num_steps``
+    is diffusers' ``TaylorSeerCacheConfig`` schedule (it forecasts the step after the warm-up;
+    ``warmup_steps`` = its ``disable_cache_before_step``, 3 in both by default).
     """
 
     interval: int = 4
@@ -92,6 +107,7 @@ class ForecastConfig:
     ff: bool = True
     tolerance: float = 0.0
     num_steps: int = 0
+    offset: int = 0
 
     def validate(self) -> "ForecastConfig":
         if self.interval < 1:
@@ -112,6 +128,12 @@ class ForecastConfig:
             raise ValueError("threshold > 0 decides from the first blocks' residual: set first_blocks >= 1")
         if self.num_steps < 0:
             raise ValueError(f"num_steps must be the pipeline's number of steps, or 0 (unknown), got {self.num_steps}")
+        if self.offset < 0 or (self.offset > 0 and self.offset >= self.interval):
+            raise ValueError(f"offset must be in [0, interval) = [0, {self.interval}) (steps the fixed schedule's "
+                             f"computed steps move inwards), got {self.offset}")
+        if self.offset > 0 and (self.threshold > 0 or self.tolerance > 0):
+            raise ValueError("offset shifts the fixed schedule; threshold and tolerance schedules choose their own "
+                             "steps: set offset=0 with them")
         return self
 
     def to_dict(self) -> dict:
@@ -121,9 +143,9 @@ class ForecastConfig:
         """Fixed schedule: is ``step`` forecast?"""
         if self.interval == 1 or step < self.warmup_steps:
             return False
-        if self.num_steps:  # counted back from the step before the last, which is always computed
-            return step == self.num_steps - 1 or (self.num_steps - 2 - step) % self.interval != 0
-        return (step - self.warmup_steps) % self.interval != 0
+        if self.num_steps:  # counted back from the step before the last (offset steps earlier)
+            return step == self.num_steps - 1 or (self.num_steps - 2 - self.offset - step) % self.interval != 0
+        return (step - self.warmup_steps - self.offset) % self.interval != 0
 
     def last_step_forecast(self, step: int) -> bool:
         """Is ``step`` the last one of a run of known length (forecast by every schedule)?"""
@@ -203,11 +225,16 @@ def _same_shapes(a: tuple, b: tuple) -> bool:
 
 
 def _newton_value(fs: list[torch.Tensor], steps: list[int], step: int) -> torch.Tensor:
-    """``f_0 + f_1 (s - s_0) + f_2 (s - s_0)(s - s_1) + ...`` at ``s = step``."""
+    """``f_0 + f_1 (s - s_0) + f_2 (s - s_0)(s - s_1) + ...`` at ``s = step``.
+
+    Summed in place into the first product (IEEE addition commutes, so the values are those of
+    ``f_0 + f_1 b_1 + ...`` bit for bit) to allocate one output-sized tensor fewer per term; not
+    ``torch.add(.., alpha=b)``, whose fused multiply-add rounds differently."""
     y, basis = fs[0], 1.0
     for k in range(1, len(fs)):
         basis *= step - steps[k - 1]
-        y = y + fs[k] * basis
+        term = fs[k] * basis
+        y = term.add_(y) if k == 1 else y.add_(term)
     return y
 
 
@@ -215,7 +242,7 @@ def _divided_differences(ys: list[torch.Tensor], steps: list[int]) -> list[torch
     """Newton coefficients ``[y[s_0], y[s_0, s_1], ...]`` of values ``ys`` at ``steps`` (newest first)."""
     table, out = list(ys), [ys[0]]
     for k in range(1, len(ys)):
-        table = [(table[i] - table[i + 1]) / (steps[i] - steps[i + k]) for i in range(len(table) - 1)]
+        table = [torch.sub(table[i], table[i + 1]).div_(steps[i] - steps[i + k]) for i in range(len(table) - 1)]
         out.append(table[0])
     return out
 

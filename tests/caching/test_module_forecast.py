@@ -242,3 +242,46 @@ def test_num_steps_refuses_a_longer_run_and_bad_values(models):
         caching.remove(model)
     with pytest.raises(ValueError, match="num_steps must be"):
         caching.ForecastConfig(num_steps=-1).validate()
+
+
+@pytest.mark.parametrize("interval,warmup,num_steps,computed", [
+    (3, 2, 0, {0, 1, 3, 6}),  # forward: from warmup_steps + 1
+    (3, 3, 0, {0, 1, 2, 4, 7}),  # diffusers' TaylorSeer(cache_interval=3, disable_cache_before_step=3)
+    (2, 3, STEPS, {0, 1, 2, 3, 5}),  # back from step STEPS - 3; the last two steps forecast
+    (3, 2, STEPS, {0, 1, 2, 5}),
+])
+def test_offset_moves_the_fixed_schedule_inwards(interval, warmup, num_steps, computed):
+    cfg = caching.ForecastConfig(interval=interval, warmup_steps=warmup, num_steps=num_steps, offset=1)
+    assert {s for s in range(STEPS) if not cfg.fixed_forecast(s)} == computed
+    with pytest.raises(ValueError, match=r"offset must be in \[0, interval\)"):
+        caching.ForecastConfig(interval=interval, offset=interval).validate()
+    with pytest.raises(ValueError, match="offset must be in"):
+        caching.ForecastConfig(offset=-1).validate()
+    with pytest.raises(ValueError, match="offset shifts the fixed schedule"):
+        caching.parse_spec("forecast:tolerance=0.5,offset=1")
+
+
+@pytest.mark.parametrize("interval", [2, 4])
+def test_offset_1_is_diffusers_taylorseer_bit_for_bit(models, interval):
+    """Same modules (every block's attention and feed-forwards), same steps, same order-1 factors in
+    float32: diffusers' TaylorSeer and ``offset=1`` give the same latents, bit for bit."""
+    import copy
+
+    from diffusers import TaylorSeerCacheConfig
+    from diffusers.hooks import apply_taylorseer_cache
+    from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+    model = models["sd3"]
+    twin = copy.deepcopy(model)
+    every = [r"^transformer_blocks\.\d+\.(attn|ff|ff_context)$"]
+    apply_taylorseer_cache(twin, TaylorSeerCacheConfig(cache_interval=interval, cache_identifiers=every,
+                                                       taylor_factors_dtype=torch.float32))
+    _set_cache_context(twin, CacheContext("cfg"))  # SD3 opens none; diffusers' hooks need one
+    theirs = sample(twin, STEPS)
+    try:
+        tracker = caching.apply(model, caching.ForecastConfig(interval=interval, first_blocks=0, offset=1))
+        ours = sample(model, STEPS)
+    finally:
+        caching.remove(model)
+    assert torch.equal(ours, theirs) and not torch.equal(ours, sample(model, STEPS))
+    assert tracker.counters["steps_computed"] == len({0, 1, 2} | set(range(4, STEPS, interval)))
