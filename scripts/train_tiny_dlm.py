@@ -15,10 +15,12 @@ learned to copy from the prompt (0% on every task after 3,400 steps; on a toy co
 300 steps), while t ~ U(0.5, 1) with a plain mean reached 100% on the toy task by step 200. Fresh
 training-split examples are generated on the fly.
 
-The shipped checkpoint (dlm/tiny/checkpoints/tiny-dlm, "v2.1", 1.29M parameters, 6 layers) is stage
-10 below: stages 1-3 (v1, 106 minutes), then stages 6 (90), 8 (75), 9 (40) and 10 (105), all on one
-CPU thread, 416 minutes in all. Earlier shipped checkpoints are in git history
-(dlm/tiny/checkpoints/tiny-dlm): v1 (stages 1-3) at commit 82ce8da, v2 (stage 8) at commit 6067b7c. Stages 1-3 (a concurrent
+The shipped checkpoint (dlm/tiny/checkpoints/tiny-dlm, "v2.2", 1.29M parameters, 6 layers) is stage
+14 below: stages 1-3 (v1, 106 minutes), then stages 6 (90), 8 (75), 9 (40), 10 (105) and 14 (95), all on
+one CPU thread, 511 minutes in all. It writes the arithmetic worked steps zero-padded ("05+09=14. ...
+#### 14", see `pad_numbers`; scoring reads the number after `####`). Earlier shipped checkpoints are in
+git history (dlm/tiny/checkpoints/tiny-dlm): v1 (stages 1-3) at commit 82ce8da, v2 (stage 8) at commit
+6067b7c, v2.1 (stage 10) at commit f4f8665. Stages 1-3 (a concurrent
 from-scratch run with stage 2's settings for 64 minutes reached copy and remove_index but stayed at
 0% on reverse and sort):
 
@@ -194,7 +196,26 @@ of the arithmetic rows masked from one step's result on, with the loss on that r
 
   probe (padded, 100 prompts) at steps 952 / 1,981 / 2,981: `+` 14 / 28 / 38%, `-` 30 / 37 / 40%,
   two-digit sums ones 20 / 34 / 39% (v2.1: `+` 16%, ones 14%; stage 13 at 3,210 steps: 11%, 14%).
-STAGE14_RESULT
+  The rerun that was shipped (2026-11-24, the command above with --out /work/runs/stage14 --max-minutes 95
+  --save-every-min 10, uncontended, 13,058 steps at 0.44 s/step, final EMA loss 0.089): probe (padded,
+  100 prompts) `+` 24 / 36 / 45% at steps 1,349 / 2,697 / 4,046, then 48% at 7,934, and at the end
+  (200 prompts) `+` 64%, `-` 63%, `*` 80%, two-digit sums tens 89% / ones 65%: most of the gain came in
+  the last 35 minutes, at low learning rate. The eval (n = 50, `--steps 64,8 --eos-stop --threads 1`),
+  TPF 1 / 8: list edits 85.6 / 70.2 (shuffle 58 / 2, insert_random 78 / 4, replace_random 58 / 32),
+  arithmetic 20.0 / 14.0, puzzles 84.0 / 59.0, mean **79.8** / 63.7 (v2.1: 73.7 / 64.5); over TPF
+  1 / 2 / 4 / 8 (`--n 24 --steps 64,32,16,8`) mean 79.5 / 69.8 / 65.6 / 63.2, list edits 85.6 / 73.6 /
+  70.8 / 70.4, puzzles 85.4 / 81.2 / 66.7 / 60.4: monotone on both, arithmetic 12.5 / 12.5 / 16.7 / 4.2
+  (noise at 24 prompts). Shipped as v2.2. A step-7,934 snapshot scored 74.7 mean at TPF 1 and 10% on
+  arithmetic.
+  Why arithmetic decodes at 20% while each step's result is right 63-80% of the time: the order. The
+  confidence sampler at one token per step in a 32-token block commits the layout first ("=", ".", "#")
+  and then digits out of order, results before their operands; on "bea has 20 figs. she gets 20. she
+  loses 14. she loses 2." it commits the first result's tens digit at step 13 and the first operand's
+  tens digit last (-> "10+10=32. ..."). The probe's state (everything before a result known) is what
+  semi-autoregressive decoding with small blocks gives: on the step-7,934 snapshot `--block-length 8`
+  read 26% against 10% at 32 (50 prompts, noisy: v2.1 reads 16% at 8, 20% at 4). An answer computed
+  left to right is the next thing to try at decode time (a sampler that orders arithmetic by position),
+  beside training more of the states confidence ordering produces.
 Untested directions: numbers as single tokens (a lookup instead of digit carries), an answer format
 with the ones digit first, or a larger model.
 """
