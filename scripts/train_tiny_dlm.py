@@ -196,7 +196,7 @@ of the arithmetic rows masked from one step's result on, with the loss on that r
 
   probe (padded, 100 prompts) at steps 952 / 1,981 / 2,981: `+` 14 / 28 / 38%, `-` 30 / 37 / 40%,
   two-digit sums ones 20 / 34 / 39% (v2.1: `+` 16%, ones 14%; stage 13 at 3,210 steps: 11%, 14%).
-  The rerun that was shipped (2026-11-24, the command above with --out /work/runs/stage14 --max-minutes 95
+  The rerun that was shipped (2026-11-24, the command above with --out runs/stage14 --max-minutes 95
   --save-every-min 10, uncontended, 13,058 steps at 0.44 s/step, final EMA loss 0.089): probe (padded,
   100 prompts) `+` 24 / 36 / 45% at steps 1,349 / 2,697 / 4,046, then 48% at 7,934, and at the end
   (200 prompts) `+` 64%, `-` 63%, `*` 80%, two-digit sums tens 89% / ones 65%: most of the gain came in
