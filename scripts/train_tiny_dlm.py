@@ -215,7 +215,14 @@ of the arithmetic rows masked from one step's result on, with the loss on that r
   semi-autoregressive decoding with small blocks gives: on the step-7,934 snapshot `--block-length 8`
   read 26% against 10% at 32 (50 prompts, noisy: v2.1 reads 16% at 8, 20% at 4). An answer computed
   left to right is the next thing to try at decode time (a sampler that orders arithmetic by position),
-  beside training more of the states confidence ordering produces.
+  beside training more of the states confidence ordering produces. On v2.2 itself, one token per step
+  with `--block-length` 32 / 8 / 4 / 1 reads 20 / 26 / 32 / 36% (50 prompts); at 1 the errors are
+  mostly layout ("04+09119."), a state (clean prefix, masked suffix) that semi-AR rows with blocks of
+  8-32 rarely show.
+Stage 15 (an experiment from v2.2, not shipped): stage 14's mix with --semi-ar 0.5 --semi-ar-blocks
+1,2,4,8,16,32, lr 2e-4, 24 min (3,522 steps, --seed 15). Arithmetic at block length 32 / 1: 20 / 40%
+(v2.2: 20 / 36%); n = 50 at TPF 1: list edits 86.0, puzzles 86.0, mean 80.5 (v2.2: 85.6, 84.0, 79.8),
+all within noise of v2.2, so v2.2 stays. Longer runs of it are untested.
 Untested directions: numbers as single tokens (a lookup instead of digit carries), an answer format
 with the ones digit first, or a larger model.
 """
