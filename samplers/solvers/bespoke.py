@@ -162,7 +162,43 @@ def fit_bespoke(model_fn: Callable, x_T: torch.Tensor, reference: torch.Tensor, 
         ``{"timesteps": [N] floats, "table": [N + 1, N + 1] float64, "loss_start", "loss_fit", "losses"}``;
         the result is the best iterate seen (the loss is evaluated on the full fit set every step).
     """
-    dtype = x_T.dtype
+
+    def loss_of(times, tab):
+        result = bespoke_solve(model_fn, x_T, times, tab, alphas_cumprod, prediction_type)
+        if output_transform is not None:
+            result = output_transform(result)
+        return ((result - reference) ** 2).mean()
+
+    return _fit_table(loss_of, x_T.dtype, timesteps, table, iters, lr, lr_times, learn_times, progress)
+
+
+def fit_bespoke_family(problems: Sequence[Tuple[Callable, torch.Tensor, torch.Tensor]], timesteps: Sequence[float],
+                       table: torch.Tensor, alphas_cumprod: torch.Tensor, iters: int = 300, lr: float = 5e-4,
+                       lr_times: float = 0.01, prediction_type: str = "epsilon",
+                       progress: Optional[Callable[[int, float], None]] = None) -> Dict:
+    """One table for several models: :func:`fit_bespoke` with the loss averaged over ``problems``.
+
+    ``problems`` is a list of ``(model_fn, x_T [B, ...], reference [B, ...])`` (shapes may differ between
+    models). The loss is the mean over models of ``log`` of each model's mean squared error, so every
+    model weighs the same whatever its scale or its error (a geometric mean: halving any one model's
+    error lowers it by the same amount). Returns the same dict as :func:`fit_bespoke` (``loss_*`` in
+    that log units).
+    """
+    if not problems:
+        raise ValueError("problems is empty; pass at least one (model_fn, x_T, reference)")
+
+    def loss_of(times, tab):
+        logs = [((bespoke_solve(fn, x, times, tab, alphas_cumprod, prediction_type) - ref) ** 2).mean().log()
+                for fn, x, ref in problems]
+        return torch.stack(logs).mean()
+
+    return _fit_table(loss_of, problems[0][1].dtype, timesteps, table, iters, lr, lr_times, True, progress)
+
+
+def _fit_table(loss_of: Callable, dtype: torch.dtype, timesteps: Sequence[float], table: torch.Tensor, iters: int,
+               lr: float, lr_times: float, learn_times: bool, progress: Optional[Callable[[int, float], None]]) -> Dict:
+    """Adam over the causal entries of ``table`` and the timestep logits, minimising ``loss_of(times [N],
+    table [N + 1, N + 1])``; keeps the best iterate (see :func:`fit_bespoke`)."""
     start = table.to(dtype)
     # only the entries a causal solve can use: row i mixes x_T and D_0..D_{i-1}
     free = torch.zeros_like(start)
@@ -183,10 +219,7 @@ def fit_bespoke(model_fn: Callable, x_T: torch.Tensor, reference: torch.Tensor, 
     best = None
     for it in range(iters + 1):
         times, tab = current()
-        result = bespoke_solve(model_fn, x_T, times, tab, alphas_cumprod, prediction_type)
-        if output_transform is not None:
-            result = output_transform(result)
-        loss = ((result - reference) ** 2).mean()
+        loss = loss_of(times, tab)
         value = float(loss.detach())
         losses.append(value)
         if best is None or value < best[0]:

@@ -12,7 +12,14 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from dlm.oracles.gaussian_mixture import image_oracle, plane_oracle
 from samplers.solvers import get_solver, solver_from_pipeline
-from samplers.solvers.bespoke import BespokeSolver, alpha_bar_at, bespoke_solve, fit_bespoke, trace_linear_solver
+from samplers.solvers.bespoke import (
+    BespokeSolver,
+    alpha_bar_at,
+    bespoke_solve,
+    fit_bespoke,
+    fit_bespoke_family,
+    trace_linear_solver,
+)
 from samplers.solvers.schedules import save_bespoke, save_schedule, saved_bespoke, saved_timesteps
 
 torch.set_num_threads(1)
@@ -95,6 +102,28 @@ def test_fit_lowers_the_loss_and_the_scheduler_equals_the_functional_solve(tmp_p
     assert json.loads(path.read_text())["fits"][0]["solver"] == "bespoke"
 
 
+def test_family_fit_is_the_mean_log_loss_and_lowers_it_on_every_model():
+    """``fit_bespoke_family``: with one model its loss is log of ``fit_bespoke``'s; over two models of
+    different dimension one table lowers both models' errors from the same start."""
+    cube = image_oracle(num_modes=4, size=2, std=0.15, seed=3)  # 1x2x2 samples
+    problems = []
+    for oracle, shape in ((RING, (2,)), (cube, (1, 2, 2))):
+        x = _noise(300, shape=shape, seed=1)
+        problems.append((oracle.eps_fn, x, _loop(_solver("dpmpp-2m", 200), x.clone(), oracle.eps_fn)))
+    base = _solver("dpmpp-2m", 5)
+    calls, table = trace_linear_solver(base)
+    single = fit_bespoke_family(problems[:1], calls, table, base.alphas_cumprod, iters=0)
+    plain = fit_bespoke(*problems[0], calls, table, base.alphas_cumprod, iters=0)
+    assert single["loss_start"] == pytest.approx(np.log(plain["loss_start"]), rel=1e-6)
+    fit = fit_bespoke_family(problems, calls, table, base.alphas_cumprod, iters=30, lr=1e-3, lr_times=0.02)
+    assert fit["loss_fit"] < fit["loss_start"] - 0.1
+    for fn, x, ref in problems:
+        mse = lambda ts, tab: float(((bespoke_solve(fn, x, torch.tensor(ts), tab, base.alphas_cumprod) - ref) ** 2).mean())  # noqa: E731
+        assert mse(fit["timesteps"], fit["table"]) < mse(calls, table)
+    with pytest.raises(ValueError, match="problems is empty"):
+        fit_bespoke_family([], calls, table, base.alphas_cumprod)
+
+
 @pytest.mark.parametrize("model,nfe", [("gmm_ring2d", 8), ("gmm_image8x8", 8)])
 def test_shipped_table_beats_its_starting_solver_on_unseen_noise(model, nfe):
     """Seed 7 was used neither for fitting (seed 1) nor in the benchmark (seed 0)."""
@@ -166,3 +195,27 @@ def test_shipped_tables_are_well_formed(name):
         assert torch.all(table.triu(1)[:, 1:] == 0) and torch.all(table[0, 1:] == 0)
         fit = next(f for f in data["fits"] if f["solver"] == "bespoke" and f["steps"] == n)
         assert fit["loss_fit"] <= fit["loss_start"] and fit["command"].startswith("python scripts/fit_bespoke.py")
+
+
+def test_universal_script_fits_one_table_and_reports_every_model(tmp_path, capsys):
+    """scripts/fit_universal_solver.py at toy sizes: one table for the family, rows for the two benchmark
+    oracles and the held-out mixtures, each with the three solvers' errors; a bad --out fails first."""
+    from tests.script_loader import load_script
+
+    script = load_script("fit_universal_solver.py")
+    out = tmp_path / "u.json"
+    script.main(["--nfe", "5", "--models", "2", "--samples", "64", "--iters", "3", "--heldout", "1",
+                 "--eval-samples", "200", "--no-digits", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert [r["model"] for r in result["rows"]] == ["gmm-ring2d", "gmm-image8x8", "random-0"]
+    for row in result["rows"]:
+        assert {"universal", "dpmpp-2m-lu@5", "diffusers DPMSolverMultistep(3M, lu)@20"} <= set(row)
+        assert all(v > 0 for k, v in row.items() if k != "model")
+    assert result["loss_fit"] <= result["loss_start"] and len(result["timesteps"]) == 5
+    # the random family is reproducible from its seed and differs between seeds
+    a, b = script.random_mixtures(2, 5), script.random_mixtures(2, 5)
+    assert [o.config.means for o in a] == [o.config.means for o in b]
+    assert [o.config.means for o in a] != [o.config.means for o in script.random_mixtures(2, 6)]
+    with pytest.raises(SystemExit):
+        script.main(["--out", str(tmp_path / "missing" / "u.json")])
+    assert "--out: folder" in capsys.readouterr().err
