@@ -23,6 +23,8 @@ mean squared distance to a many-step reference with Adam (full batch, cosine lea
 the table and the timesteps; timesteps are parametrised as ``t_i + 1 = (t_{i-1} + 1) sigmoid(u_i)``
 (clamped at 0) so they stay descending and non-negative (``t_0`` is kept: it sets the starting
 distribution).
+:func:`fit_bespoke_family` fits one table to several models at once (tried as a model-agnostic
+default in ``scripts/fit_universal_solver.py``; it did not transfer from mixtures to a network).
 
 ``alpha_bar`` at a fractional timestep interpolates ``alphas_cumprod`` linearly, the convention our
 Gaussian-mixture oracle uses; a network receives the fractional timestep as is (sinusoidal timestep
