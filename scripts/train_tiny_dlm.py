@@ -405,6 +405,50 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
 
 
 @torch.no_grad()
+def order_rollout(model, x: torch.Tensor, clean: torch.Tensor, att: torch.Tensor, w: torch.Tensor, P: int,
+                  rows: list[int], mask_id: int, eos_id: int, rng: random.Random, chunk: int = 4,
+                  block: int = 32) -> None:
+    """Put ``rows`` (in place) into states that the model's own confidence decoding produces.
+
+    Each row's response starts fully masked and the model commits its most confident masked positions
+    of the current block (``block``, left to right), ``chunk`` per forward, for a random number of
+    commits; the committed positions get the *true* tokens (the order is the model's, the content the
+    answer's). The loss then covers the positions still masked (weights as ``row-mean``). Why: random
+    masking rarely shows the states confidence ordering reaches on arithmetic (layout and some result
+    digits committed before the operands they depend on), so the model's confidence there is
+    untrained and it commits wrong results early. x, w ``[B, P + R]`` are edited; clean, att are not.
+    """
+    if not rows:
+        return
+    was_training = model.training
+    model.eval()
+    R = x.shape[1] - P
+    xr = clean[rows].clone()
+    xr[:, P:] = mask_id
+    pos = torch.arange(R)
+    answer_len = [int((clean[i, P:] != eos_id).sum()) for i in rows]
+    remaining = torch.tensor([rng.randint(0, min(R - 1, n + 4)) for n in answer_len])
+    while bool((remaining > 0).any()):
+        probs = model(xr, attention_mask=att[rows]).logits[:, P:].softmax(-1)
+        conf = probs.max(-1).values
+        masked = xr[:, P:] == mask_id
+        first = torch.where(masked, pos, R).min(1).values
+        in_block = masked & (pos // block == (first // block)[:, None])
+        conf = conf.masked_fill(~in_block, -1.0)
+        order = conf.argsort(1, descending=True)
+        take = torch.minimum(remaining, torch.minimum(torch.full_like(remaining, chunk), in_block.sum(1)))
+        for r in range(len(rows)):
+            for j in order[r, : int(take[r])].tolist():
+                xr[r, P + j] = clean[rows[r], P + j]
+        remaining -= take
+    masked = xr[:, P:] == mask_id
+    x[rows] = xr
+    w[rows] = 0.0
+    w[rows, P:] = masked.float() / masked.sum(1, keepdim=True).clamp_min(1)
+    model.train(was_training)
+
+
+@torch.no_grad()
 def quick_decode(model, tok, prompts: list[str], steps: int = RESPONSE_LEN, block: int = 32):
     """Greedy confidence decoding of a left-padded batch with the engine (`dlm.generate`)."""
     ids, att = tok.pad_batch([tok.encode(p + PROMPT_SUFFIX) for p in prompts])
@@ -493,6 +537,9 @@ def main(argv=None):
     ap.add_argument("--arithmetic-format", choices=("plain", "padded"), default="plain",
                     help="worked steps of the arithmetic answers as the task writes them, or with every "
                          "number zero-padded to two digits (see pad_numbers)")
+    ap.add_argument("--order-rollout", type=float, default=0.0,
+                    help="share of arithmetic rows put into the states the model's own confidence decoding reaches "
+                         "(see order_rollout)")
     ap.add_argument("--task-weights", default="",
                     help="overrides of the sampling weights, e.g. 'copy=1.5,sudoku=0.75'")
     ap.add_argument("--threads", type=int, default=2)
@@ -543,6 +590,7 @@ def main(argv=None):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
+    hash_id = tok.encode("#")[0]  # only arithmetic answers contain "#### N"
     out = Path(args.out)
     t0 = time.time()
     budget = args.max_minutes * 60
@@ -568,6 +616,10 @@ def main(argv=None):
                                           tuple(int(b) for b in args.semi_ar_blocks.split(",")),
                                           args.arithmetic_format, args.result_mask)
         x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
+        if args.order_rollout > 0:
+            rows = [i for i in range(x.shape[0]) if bool((clean[i, P:] == hash_id).any())
+                    and rng.random() < args.order_rollout]
+            order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng)
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")
         loss = (ce.view_as(w) * w).sum() / x.shape[0]

@@ -177,3 +177,52 @@ def test_result_masked_rows_hide_a_result_and_everything_after_it(train_script):
         # the prefix ends with "=": the masked span starts at a result, whose digits carry the loss
         assert text[start - 1] == "=" and text[start:start + 2].isdigit()
         assert torch.allclose(row_w[start:start + 2], torch.full((2,), 0.5)) and row_w.sum().item() == pytest.approx(1.0)
+
+
+class _LaterIsSurer(torch.nn.Module):
+    """Stub model whose confidence rises with position: confidence ordering commits right to left."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, x, attention_mask=None):
+        B, L = x.shape
+        logits = torch.zeros(B, L, self.vocab)
+        logits[:, :, 0] = torch.arange(L, dtype=torch.float32) * 0.02  # token 0's probability grows with position (no ties)
+        return type("Out", (), {"logits": logits})()
+
+
+def test_order_rollout_commits_true_tokens_in_the_models_order_within_the_block(train_script):
+    tasks = get_suite("arithmetic")
+    tok = TinyCharTokenizer()
+    rng, gen = random.Random(3), torch.Generator().manual_seed(3)
+    x, clean, att, w, P = train_script.build_batch(tasks, [1.0], tok, rng, batch_size=12, semi_ar=0.0, no_sep=0.0,
+                                                   gen=gen, loss_weighting="row-mean", arithmetic_format="padded")
+    prompt_before = x[:, :P].clone()
+    model = _LaterIsSurer(tok.vocab_size).train()
+    rows = list(range(0, 12, 2))
+    untouched = x[1::2].clone()
+    train_script.order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng, chunk=3,
+                               block=8)
+    assert model.training  # restored
+    assert torch.equal(x[:, :P], prompt_before) and torch.equal(x[1::2], untouched)
+    R = x.shape[1] - P
+    committed_counts = []
+    for i in rows:
+        resp, truth = x[i, P:], clean[i, P:]
+        masked = resp == tok.mask_token_id
+        assert torch.equal(resp[~masked], truth[~masked])  # teacher forced: the answer's own tokens
+        assert masked.any() and w[i, :P].sum() == 0 and w[i, P:][~masked].sum() == 0
+        assert w[i, P:].sum().item() == pytest.approx(1.0)
+        n = int((~masked).sum())
+        answer_len = int((truth != tok.eos_token_id).sum())
+        assert n <= min(R - 1, answer_len + 4)
+        committed_counts.append(n)
+        # whole blocks first, then the current block from its right end (the stub is surest there)
+        full, part = divmod(n, 8)
+        assert not masked[: full * 8].any()
+        block = masked[full * 8:(full + 1) * 8]
+        assert block.tolist() == [True] * (len(block) - part) + [False] * part
+        assert masked[(full + 1) * 8:].all()
+    assert len(set(committed_counts)) > 1  # the number of commits is drawn per row
