@@ -3,6 +3,7 @@
 Importing this package registers every policy in `samplers.registry` by name.
 """
 from samplers.unmasking import random_order, confidence, margin, entropy, threshold, entropy_bounded  # noqa: F401
+from samplers.unmasking import position_aware  # noqa: F401,E402
 from samplers.unmasking import joint  # noqa: F401,E402
 from samplers.unmasking import saber, credit, hierarchical  # noqa: F401,E402
 from samplers.unmasking import lopa  # noqa: F401  (looks ahead through ctx.forward)

@@ -86,3 +86,20 @@ def test_gumbel_max_samples_the_softmax():
 def test_invalid_config_is_refused(name, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         get_sampler(name, **bad)
+
+
+def test_position_aware_trades_confidence_against_distance_from_the_block_start():
+    """score = log p - decay * j: decay 0 is confidence; pos 3 (p .9) keeps its lead over pos 1 (p .5)
+    while 2 * decay < log(.9 / .5) = 0.588, so the switch is exactly between decay 0.29 and 0.30;
+    a large decay is left to right."""
+    probs = [[1.0, 0, 0, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0], [0.6, 0.4, 0, 0, 0, 0], [0.9, 0.1, 0, 0, 0, 0]]
+    x = torch.tensor([[4, MASK, MASK, MASK]])
+    logits = logits_from_probs(probs)
+    plain = get_sampler("confidence").step(logits, ctx_for(x, 1)).x
+    assert get_sampler("position", decay=0.0).step(logits, ctx_for(x, 1)).x.tolist() == plain.tolist() == [[4, MASK, MASK, 0]]
+    assert get_sampler("position", decay=0.29).step(logits, ctx_for(x, 1)).x.tolist() == [[4, MASK, MASK, 0]]
+    assert get_sampler("position", decay=0.30).step(logits, ctx_for(x, 1)).x.tolist() == [[4, 0, MASK, MASK]]
+    assert get_sampler("position", decay=5.0).step(logits, ctx_for(x, 2)).x.tolist() == [[4, 0, 0, MASK]]
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="decay must be a finite number >= 0"):
+            get_sampler("position", decay=bad)
