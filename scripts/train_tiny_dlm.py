@@ -265,6 +265,12 @@ snapshot (50 minutes in) with a fresh warm-up, beside other jobs, 4,663 steps at
   - n = 50, TPF 1 / 8: list edits 87.3 / 69.1, arithmetic 34.0 / 10.0, puzzles 83.0 / 53.0, mean
     **82.2** / 61.5 (v2.2: 79.8 / 63.7);
   - over TPF 1 / 2 / 4 / 8 (n = 24): mean 83.3 / 65.3 / 63.2 / 61.5, monotone.
+Stage 18 (an experiment, not shipped for lack of time to re-run every table on it): stage 17's recipe
+with --order-rollout 1.0 --result-mask 0.4, lr 1e-4, from stage 16's *end*, 38 min beside other jobs
+(2,291 steps at 1.0 s/step, --seed 19). n = 50 at TPF 1:
+  - confidence: list edits 89.6, arithmetic 32, puzzles 89 (v2.3: 87.3 / 34 / 83);
+  - `position` sampler: 86.4 / 62 / 88 (v2.3: 85.3 / 68 / 89).
+It is the next candidate: rerun it, then the curve and the engine tables.
 Untested directions: the rollout on the random list edits (shuffle and replace_random stay at 54-58%;
 at one token per step they repeat names), numbers as single tokens, or a larger model.
 """
