@@ -357,8 +357,10 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
                 full_mask: float = 0.0, min_mask_ratio: float = 0.5, loss_weighting: str = "mean",
                 mask_ratio_power: float = 1.0, eos_revealed: float = 0.0,
                 semi_ar_blocks: tuple[int, ...] = (8, 16, 32), arithmetic_format: str = "plain",
-                result_mask: float = 0.0):
+                result_mask: float = 0.0, row_tasks: list | None = None):
     """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
+
+    `row_tasks`: if a list is given, each row's task name is appended to it (row order).
 
     `result_mask`: the share of arithmetic rows (task and drill) whose answer is masked from one
     random step's result on, with the whole loss on that result's digits: the state in which a
@@ -373,6 +375,8 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
     for _ in range(batch_size):
         task = rng.choices(tasks, weights=weights)[0]
         ex = sample_train_example(task, rng)
+        if row_tasks is not None:
+            row_tasks.append(task.name)
         p = ex.prompt + ("" if rng.random() < no_sep else PROMPT_SUFFIX)
         arithmetic = task.name in ("arithmetic", ArithmeticDrill.name)
         answer = pad_numbers(ex.answer) if arithmetic_format == "padded" and arithmetic else ex.answer
@@ -496,6 +500,25 @@ def order_rollout(model, x: torch.Tensor, clean: torch.Tensor, att: torch.Tensor
     model.train(was_training)
 
 
+def parse_rollout_tasks(text: str, tasks) -> set[str]:
+    """'arithmetic,shuffle' -> the task names whose rows `order_rollout` may take. 'arithmetic' also
+    names the drills (they share its answer format). ValueError naming --rollout-tasks otherwise."""
+    known = {t.name for t in tasks}
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    unknown = sorted(names - known)
+    if not names or unknown:
+        raise ValueError(f"--rollout-tasks: unknown task(s) {unknown or [text]}; "
+                         f"choose from {sorted(known)}")
+    if "arithmetic" in names:
+        names.add(ArithmeticDrill.name)
+    return names
+
+
+def rollout_rows(row_tasks: list[str], rollout_tasks: set[str], share: float, rng: random.Random) -> list[int]:
+    """Indices of the rows to roll out: each row of a named task with probability `share`."""
+    return [i for i, name in enumerate(row_tasks) if name in rollout_tasks and rng.random() < share]
+
+
 @torch.no_grad()
 def quick_decode(model, tok, prompts: list[str], steps: int = RESPONSE_LEN, block: int = 32):
     """Greedy confidence decoding of a left-padded batch with the engine (`dlm.generate`)."""
@@ -586,8 +609,11 @@ def main(argv=None):
                     help="worked steps of the arithmetic answers as the task writes them, or with every "
                          "number zero-padded to two digits (see pad_numbers)")
     ap.add_argument("--order-rollout", type=float, default=0.0,
-                    help="share of arithmetic rows put into the states the model's own confidence decoding reaches "
-                         "(see order_rollout)")
+                    help="share of the --rollout-tasks rows put into the states the model's own confidence "
+                         "decoding reaches (see order_rollout)")
+    ap.add_argument("--rollout-tasks", default="arithmetic",
+                    help="comma-separated task names whose rows --order-rollout may take; 'arithmetic' "
+                         "includes the drills (see rollout_rows)")
     ap.add_argument("--task-weights", default="",
                     help="overrides of the sampling weights, e.g. 'copy=1.5,sudoku=0.75'")
     ap.add_argument("--threads", type=int, default=2)
@@ -638,7 +664,10 @@ def main(argv=None):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
-    hash_id = tok.encode("#")[0]  # only arithmetic answers contain "#### N"
+    try:
+        rollout_tasks = parse_rollout_tasks(args.rollout_tasks, tasks)
+    except ValueError as err:
+        ap.error(str(err))
     out = Path(args.out)
     t0 = time.time()
     budget = args.max_minutes * 60
@@ -657,16 +686,16 @@ def main(argv=None):
             lr = args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
+        row_tasks: list[str] = []
         x, clean, att, w, P = build_batch(tasks, weights, tok, rng, args.batch_size,
                                           args.semi_ar, args.no_sep, gen, args.short_resp,
                                           args.full_mask, args.min_mask_ratio, args.loss_weighting,
                                           args.mask_ratio_power, args.eos_revealed,
                                           tuple(int(b) for b in args.semi_ar_blocks.split(",")),
-                                          args.arithmetic_format, args.result_mask)
+                                          args.arithmetic_format, args.result_mask, row_tasks)
         x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
         if args.order_rollout > 0:
-            rows = [i for i in range(x.shape[0]) if bool((clean[i, P:] == hash_id).any())
-                    and rng.random() < args.order_rollout]
+            rows = rollout_rows(row_tasks, rollout_tasks, args.order_rollout, rng)
             order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng)
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")

@@ -226,3 +226,24 @@ def test_order_rollout_commits_true_tokens_in_the_models_order_within_the_block(
         assert block.tolist() == [True] * (len(block) - part) + [False] * part
         assert masked[(full + 1) * 8:].all()
     assert len(set(committed_counts)) > 1  # the number of commits is drawn per row
+
+
+def test_rollout_rows_follow_the_named_tasks_and_arithmetic_includes_its_drills(train_script):
+    from dlm.tasks.arithmetic import ArithmeticDrill
+
+    tasks = get_suite("all") + [ArithmeticDrill()]
+    tok = TinyCharTokenizer()
+    rng, gen = random.Random(5), torch.Generator().manual_seed(5)
+    row_tasks = []
+    x, *_ = train_script.build_batch(tasks, [1.0] * len(tasks), tok, rng, batch_size=40, semi_ar=0.0, no_sep=0.0,
+                                     gen=gen, row_tasks=row_tasks)
+    assert len(row_tasks) == x.shape[0] and set(row_tasks) <= {t.name for t in tasks}
+    names = train_script.parse_rollout_tasks("arithmetic, shuffle", tasks)
+    assert names == {"arithmetic", ArithmeticDrill.name, "shuffle"}
+    every = train_script.rollout_rows(row_tasks, names, 1.0, random.Random(0))
+    assert every == [i for i, n in enumerate(row_tasks) if n in names] and every
+    assert train_script.rollout_rows(row_tasks, names, 0.0, random.Random(0)) == []
+    half = train_script.rollout_rows(row_tasks * 20, names, 0.5, random.Random(0))
+    assert 0.3 * 20 * len(every) < len(half) < 0.7 * 20 * len(every)
+    with pytest.raises(ValueError, match="--rollout-tasks"):
+        train_script.parse_rollout_tasks("shufle", tasks)
