@@ -459,13 +459,16 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
 @torch.no_grad()
 def order_rollout(model, x: torch.Tensor, clean: torch.Tensor, att: torch.Tensor, w: torch.Tensor, P: int,
                   rows: list[int], mask_id: int, eos_id: int, rng: random.Random, chunk: int = 4,
-                  block: int = 32) -> None:
+                  block: int = 32, commit_cap: str = "answer") -> None:
     """Put ``rows`` (in place) into states that the model's own confidence decoding produces.
 
     Each row's response starts fully masked and the model commits its most confident masked positions
     of the current block (``block``, left to right), ``chunk`` per forward, for a random number of
     commits; the committed positions get the *true* tokens (the order is the model's, the content the
-    answer's). The loss then covers the positions still masked (weights as ``row-mean``). Why: random
+    answer's). The number of commits is uniform on [0, cap]: ``commit_cap="answer"`` caps it at the
+    answer's length + 4 (stage 17); ``"blocks"`` at the end of the block holding the answer's last token,
+    minus one. Short answers need "blocks": the model commits the EOS padding of the block first, so
+    within answer + 4 commits almost no answer token is ever committed. The loss then covers the positions still masked (weights as ``row-mean``). Why: random
     masking rarely shows the states confidence ordering reaches on arithmetic (layout and some result
     digits committed before the operands they depend on), so the model's confidence there is
     untrained and it commits wrong results early. x, w ``[B, P + R]`` are edited; clean, att are not.
@@ -481,7 +484,10 @@ def order_rollout(model, x: torch.Tensor, clean: torch.Tensor, att: torch.Tensor
     response[:] = mask_id
     pos = torch.arange(R)
     answer_len = (truth != eos_id).sum(1).tolist()
-    remaining = torch.tensor([rng.randint(0, min(R - 1, n + 4)) for n in answer_len])
+    if commit_cap not in ("answer", "blocks"):
+        raise ValueError(f"commit_cap: expected 'answer' or 'blocks', got {commit_cap!r}")
+    caps = [n + 4 if commit_cap == "answer" else -(-n // block) * block - 1 for n in answer_len]
+    remaining = torch.tensor([rng.randint(0, max(0, min(R - 1, cap))) for cap in caps])
     k = min(chunk, R)
     while bool((remaining > 0).any()):
         conf = model(xr, attention_mask=att_rows).logits[:, P:].softmax(-1).max(-1).values
@@ -611,6 +617,9 @@ def main(argv=None):
     ap.add_argument("--order-rollout", type=float, default=0.0,
                     help="share of the --rollout-tasks rows put into the states the model's own confidence "
                          "decoding reaches (see order_rollout)")
+    ap.add_argument("--rollout-commits", choices=("answer", "blocks"), default="answer",
+                    help="cap of a rollout's number of commits: the answer's length + 4, or the end of the "
+                         "block holding the answer's end (see order_rollout)")
     ap.add_argument("--rollout-tasks", default="arithmetic",
                     help="comma-separated task names whose rows --order-rollout may take; 'arithmetic' "
                          "includes the drills (see rollout_rows)")
@@ -696,7 +705,8 @@ def main(argv=None):
         x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
         if args.order_rollout > 0:
             rows = rollout_rows(row_tasks, rollout_tasks, args.order_rollout, rng)
-            order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng)
+            order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng,
+                          commit_cap=args.rollout_commits)
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")
         loss = (ce.view_as(w) * w).sum() / x.shape[0]

@@ -247,3 +247,26 @@ def test_rollout_rows_follow_the_named_tasks_and_arithmetic_includes_its_drills(
     assert 0.3 * 20 * len(every) < len(half) < 0.7 * 20 * len(every)
     with pytest.raises(ValueError, match="--rollout-tasks"):
         train_script.parse_rollout_tasks("shufle", tasks)
+
+
+def test_order_rollout_blocks_cap_reaches_past_the_padding_of_short_answers(train_script):
+    tasks = get_suite("list_edits")
+    tok = TinyCharTokenizer()
+    rng, gen = random.Random(4), torch.Generator().manual_seed(4)
+    x, clean, att, w, P = train_script.build_batch(tasks, [1.0] * len(tasks), tok, rng, batch_size=48, semi_ar=0.0,
+                                                   no_sep=0.0, gen=gen, loss_weighting="row-mean")
+    model = _LaterIsSurer(tok.vocab_size)
+    rows = list(range(48))
+    train_script.order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng, chunk=4,
+                               block=32, commit_cap="blocks")
+    past_answer_cap = 0
+    for i in rows:
+        masked = x[i, P:] == tok.mask_token_id
+        n_committed, answer_len = int((~masked).sum()), int((clean[i, P:] != tok.eos_token_id).sum())
+        assert n_committed <= -(-answer_len // 32) * 32 - 1  # never past the answer's last block
+        assert torch.equal(x[i, P:][~masked], clean[i, P:][~masked])
+        past_answer_cap += n_committed > answer_len + 4
+    assert past_answer_cap > 0  # states the "answer" cap never reaches
+    with pytest.raises(ValueError, match="commit_cap"):
+        train_script.order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng,
+                                   commit_cap="all")
