@@ -263,6 +263,28 @@ def _batches(items: list, size: int):
         yield items[i: i + size]
 
 
+def suite_of(task_name: str) -> str | None:
+    """The built-in suite (list_edits, arithmetic, puzzles) that holds a task, else None."""
+    from dlm.tasks import SUITES
+
+    return next((name for name, members in SUITES.items() if name != "all" and task_name in members), None)
+
+
+def _suite_batches(examples: list, size: int) -> list[tuple[str | None, list]]:
+    """Batches of at most `size` examples that never mix two suites, so that a multi-suite run
+    (`--suite all`) can time each suite apart: each batch comes with its suite (None outside them)."""
+    out: list[tuple[str | None, list]] = []
+    group: list = []
+    for ex in examples:
+        if group and suite_of(ex.task) != suite_of(group[0].task):
+            out += [(suite_of(group[0].task), chunk) for chunk in _batches(group, size)]
+            group = []
+        group.append(ex)
+    if group:
+        out += [(suite_of(group[0].task), chunk) for chunk in _batches(group, size)]
+    return out
+
+
 def _encode_batch(tokenizer, texts: list[str], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
     ids = [list(tokenizer.encode(t, add_special_tokens=False)) if _accepts_special(tokenizer) else list(tokenizer.encode(t))
            for t in texts]
@@ -347,6 +369,7 @@ class PairResult:
     branch_forwards: float | None = None
     extra: dict = field(default_factory=dict)
     samples: list = field(default_factory=list)
+    by_suite: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -470,8 +493,9 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
     if runner.mask_id is None:
         raise ValueError(f"model {cfg.model!r} has no mask token: it is not a masked diffusion LM")
     task_of = {t.name: t for t in tasks}
-    batches = [(chunk, *_encode_batch(tokenizer, [ex.input_text for ex in chunk], runner.pad_id, device))
-               for chunk in _batches(examples, cfg.batch_size)]
+    batches = [(suite, chunk, *_encode_batch(tokenizer, [ex.input_text for ex in chunk], runner.pad_id, device))
+               for suite, chunk in _suite_batches(examples, cfg.batch_size)]
+    suites = list(dict.fromkeys(suite for suite, *_ in batches))
 
     if cfg.warmup:  # one untimed call per engine: first-call allocations and lazy imports
         done = set()
@@ -479,7 +503,7 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
             key = _engine_key(spec, cfg)
             if key not in done:
                 done.add(key)
-                _, ids, mask = batches[0]
+                _, _, ids, mask = batches[0]
                 runner.run(spec, budgets[0], ids[:2], mask[:2], torch.Generator().manual_seed(cfg.seed))
 
     pairs: list[PairResult] = []
@@ -491,8 +515,9 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
             generator = torch.Generator().manual_seed(cfg.seed)
             scores, by_task, per_seq_nfe, call_nfe, per_seq_branches = [], {}, [], [], []
             seconds, forward_tokens, samples, expert_scores = 0.0, 0, [], {}
+            per_suite: dict = {}
             with PeakMemory(device) as mem:
-                for chunk, ids, mask in batches:
+                for suite, chunk, ids, mask in batches:
                     def extract(row, generated, chunk=chunk):
                         text = tokenizer.decode(_cut_at_eos(generated.tolist(), runner.eos_id), skip_special_tokens=True)
                         return task_of[chunk[row].task].extract(text)
@@ -505,10 +530,14 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
                     forward_tokens += ftok
                     call_nfe.append(nfe)
                     per_seq_nfe.extend(row_nfe)
+                    acc = per_suite.setdefault(suite, {"scores": [], "nfe": [], "seconds": 0.0})
+                    acc["nfe"].extend(row_nfe)
+                    acc["seconds"] += sec
                     for ex, row in zip(chunk, gen.tolist()):
                         text = tokenizer.decode(_cut_at_eos(row, runner.eos_id), skip_special_tokens=True)
                         s = float(task_of[ex.task].score(ex, text))
                         scores.append(s)
+                        acc["scores"].append(s)
                         by_task.setdefault(ex.task, []).append(s)
                         if len(samples) < 3:
                             samples.append({"prompt": ex.prompt, "output": text, "score": s})
@@ -524,7 +553,8 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
                 tpf=n * cfg.gen_length / max(total_nfe, 1), tokens_per_s=n * cfg.gen_length / max(seconds, 1e-9),
                 seconds=seconds, forward_tokens=forward_tokens, peak_mem_mb=mem.peak_mb, mem_method=mem.method,
                 branch_forwards=sum(per_seq_branches) / n, samples=samples,
-                extra=_expert_summary(expert_scores, n)))
+                extra=_expert_summary(expert_scores, n),
+                by_suite=_suite_summary(per_suite, cfg.gen_length) if len(suites) > 1 else {}))
     bar.close()
     if not pairs:
         raise ValueError("the benchmark produced no results")
@@ -538,7 +568,38 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
     result = BenchResult(config=asdict(cfg), meta=meta, pairs=pairs)
     result.meta["targets"] = summarize_targets(result)
     result.meta["vs_diffusers"] = compare_to_baselines(result)
+    if len(suites) > 1:
+        result.meta["vs_diffusers_by_suite"] = compare_by_suite(result)
     return result
+
+
+def _suite_summary(per_suite: dict, gen_length: int) -> dict:
+    """{suite: {n, quality, nfe, tpf, seconds}} of one pair, from its suite-pure batches."""
+    out = {}
+    for suite, acc in per_suite.items():
+        n, total_nfe = len(acc["scores"]), sum(acc["nfe"])
+        out[suite] = {"n": n, "quality": 100.0 * sum(acc["scores"]) / n, "nfe": total_nfe / n,
+                      "tpf": n * gen_length / max(total_nfe, 1), "seconds": acc["seconds"]}
+    return out
+
+
+def compare_by_suite(result: BenchResult, tolerance: float = 1.0) -> dict:
+    """`compare_to_baselines` on each suite of a multi-suite run: {suite: {baseline: ...}}.
+
+    Each pair is seen through its `by_suite` entry (that suite's prompts, NFE and wall time only), so
+    every suite gets its own operating points, as if it had been run alone in this run.
+    """
+    import dataclasses
+
+    suites = list(dict.fromkeys(s for p in result.pairs for s in p.by_suite))
+    out = {}
+    for suite in suites:
+        view = [dataclasses.replace(p, n=p.by_suite[suite]["n"], quality=p.by_suite[suite]["quality"],
+                                    nfe=p.by_suite[suite]["nfe"], tpf=p.by_suite[suite]["tpf"],
+                                    seconds=p.by_suite[suite]["seconds"])
+                for p in result.pairs if suite in p.by_suite]
+        out[suite] = compare_to_baselines(BenchResult(config=result.config, meta={}, pairs=view), tolerance)
+    return out
 
 
 def _with(cfg: BenchConfig, **changes) -> BenchConfig:

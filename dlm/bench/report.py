@@ -49,15 +49,23 @@ def format_table(result: BenchResult) -> str:
         text += "\n\nsmallest NFE within 1 point of the sampler's budget=gen_length run\n" + _grid(
             ["sampler", "ref q@steps", "steps", "NFE/seq", "quality%", "TPF"], trows)
     for base, cmp in (result.meta.get("vs_diffusers") or {}).items():
-        trows = []
-        for name, r in cmp["ours"].items():
-            trows.append([name] + (["-"] * 6 if r is None else [
-                str(r["budget"]), f"{r['quality']:.1f}", f"{r['nfe']:.1f}", f"{r['seconds']:.2f}",
-                f"{r['nfe_ratio']:.2f}x", f"{r['wall_ratio']:.2f}x"]))
-        text += (f"\n\nvs {base} at steps {cmp['budget']} (quality {cmp['quality']:.1f}, NFE {cmp['nfe']:.1f}, "
-                 f"{cmp['seconds']:.2f} s): our fastest pair within 1 point\n")
-        text += _grid(["sampler", "steps", "quality%", "NFE/seq", "seconds", "NFE ratio", "wall ratio"], trows)
+        text += _vs_baseline(base, cmp)
+    for suite, by_base in (result.meta.get("vs_diffusers_by_suite") or {}).items():
+        for base, cmp in by_base.items():
+            text += _vs_baseline(base, cmp, f"[{suite}] ")
     return text
+
+
+def _vs_baseline(base: str, cmp: dict, prefix: str = "") -> str:
+    """One equal-quality comparison (see `compare_to_baselines`) as a titled table."""
+    trows = []
+    for name, r in cmp["ours"].items():
+        trows.append([name] + (["-"] * 6 if r is None else [
+            str(r["budget"]), f"{r['quality']:.1f}", f"{r['nfe']:.1f}", f"{r['seconds']:.2f}",
+            f"{r['nfe_ratio']:.2f}x", f"{r['wall_ratio']:.2f}x"]))
+    title = (f"\n\n{prefix}vs {base} at steps {cmp['budget']} (quality {cmp['quality']:.1f}, NFE {cmp['nfe']:.1f}, "
+             f"{cmp['seconds']:.2f} s): our fastest pair within 1 point\n")
+    return title + _grid(["sampler", "steps", "quality%", "NFE/seq", "seconds", "NFE ratio", "wall ratio"], trows)
 
 
 def format_markdown(result: BenchResult, per_task: bool = True) -> str:

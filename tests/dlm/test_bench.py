@@ -190,3 +190,51 @@ def test_bench_runs_hex_with_the_suite_extractor(tiny_dir, tmp_path, capsys):
     pair = json.loads((tmp_path / "results.json").read_text())["pairs"][0]
     assert 0 < pair["nfe"] <= 16 and pair["branch_forwards"] == pair["nfe"]
     assert set(pair["extra"]["expert_quality"]) == {"4", "8", "16"}
+
+
+def test_multi_suite_run_times_and_compares_each_suite_apart(tiny_dir, tmp_path, capsys):
+    from dlm.bench.harness import _suite_batches, collect_examples, resolve_suite, suite_of
+    from dlm.tasks import SUITES
+
+    examples = collect_examples(resolve_suite("all"), 2, 0)
+    batches = _suite_batches(examples, 5)
+    assert all(len({suite_of(ex.task) for ex in chunk}) == 1 for _, chunk in batches)  # never mixed
+    assert [len(c) for _, c in batches] == [5, 5, 5, 3, 2, 4] and sum(len(c) for _, c in batches) == len(examples)
+
+    out = tmp_path / "all"
+    rc = main(["bench", "--model", tiny_dir, "--suite", "all", "--samplers", "confidence,diffusers-llada2",
+               "--steps", "2,8", "--limit", "2", "--gen-length", "16", "--block-length", "8",
+               "--batch-size", "5", "--out", str(out), "--no-plots"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    full = json.loads((out / "results.json").read_text())
+    sizes = {s: 2 * len(SUITES[s]) for s in ("list_edits", "arithmetic", "puzzles")}
+    for p in full["pairs"]:
+        assert {s: v["n"] for s, v in p["by_suite"].items()} == sizes
+        assert sum(v["seconds"] for v in p["by_suite"].values()) == pytest.approx(p["seconds"])
+        for suite, v in p["by_suite"].items():  # each suite's quality is the mean of its tasks' (equal n)
+            tasks = SUITES[suite]
+            assert v["quality"] == pytest.approx(sum(p["quality_by_task"][t] for t in tasks) / len(tasks))
+        assert sum(v["nfe"] * v["n"] for v in p["by_suite"].values()) == pytest.approx(p["nfe"] * p["n"])
+    by_suite = full["meta"]["vs_diffusers_by_suite"]
+    assert set(by_suite) == set(sizes) and all("diffusers-llada2" in v for v in by_suite.values())
+    assert "[arithmetic] vs diffusers-llada2" in text and "[puzzles] vs diffusers-llada2" in text
+
+
+def test_compare_by_suite_picks_each_suites_own_operating_point():
+    from dlm.bench.harness import BenchResult, compare_by_suite
+
+    def with_suites(pair, **suites):
+        pair.by_suite = {s: {"n": 10, "quality": q, "nfe": nfe, "tpf": 64 / nfe, "seconds": sec}
+                         for s, (q, nfe, sec) in suites.items()}
+        return pair
+
+    pairs = [with_suites(_pair("confidence", 8, 0, 8, 2.0), a=(90.0, 8, 1.0), b=(10.0, 8, 1.0)),
+             with_suites(_pair("confidence", 64, 0, 64, 9.0), a=(91.0, 64, 4.0), b=(50.0, 64, 5.0)),
+             with_suites(_pair("diffusers-llada2", 64, 0, 60, 30.0, "diffusers"), a=(80.0, 60, 12.0), b=(40.0, 60, 18.0))]
+    cmp = compare_by_suite(BenchResult(config={"gen_length": 64}, meta={}, pairs=pairs))
+    a, b = cmp["a"]["diffusers-llada2"], cmp["b"]["diffusers-llada2"]
+    assert a["quality"] == 80.0 and a["ours"]["confidence"]["budget"] == 8
+    assert a["ours"]["confidence"]["wall_ratio"] == pytest.approx(12.0)
+    assert b["quality"] == 40.0 and b["ours"]["confidence"]["budget"] == 64  # 8 steps is too poor on b
+    assert b["ours"]["confidence"]["wall_ratio"] == pytest.approx(18.0 / 5.0)
