@@ -465,13 +465,16 @@ def order_rollout(model, x: torch.Tensor, clean: torch.Tensor, att: torch.Tensor
     Each row's response starts fully masked and the model commits its most confident masked positions
     of the current block (``block``, left to right), ``chunk`` per forward, for a random number of
     commits; the committed positions get the *true* tokens (the order is the model's, the content the
-    answer's). The number of commits is uniform on [0, cap]: ``commit_cap="answer"`` caps it at the
-    answer's length + 4 (stage 17); ``"blocks"`` at the end of the block holding the answer's last token,
-    minus one. Short answers need "blocks": the model commits the EOS padding of the block first, so
-    within answer + 4 commits almost no answer token is ever committed. The loss then covers the positions still masked (weights as ``row-mean``). Why: random
-    masking rarely shows the states confidence ordering reaches on arithmetic (layout and some result
-    digits committed before the operands they depend on), so the model's confidence there is
-    untrained and it commits wrong results early. x, w ``[B, P + R]`` are edited; clean, att are not.
+    answer's). The loss then covers the positions still masked (weights as ``row-mean``).
+
+    The number of commits is uniform on [0, cap]. ``commit_cap="answer"`` caps it at the answer's
+    length + 4 (stage 17). ``"blocks"`` caps it at the end of the block holding the answer's last
+    token, minus one. Short answers need "blocks": the model commits the block's EOS padding first,
+    so within answer + 4 commits almost no answer token is ever committed.
+
+    Why: random masking rarely shows the states confidence ordering reaches on arithmetic (layout and
+    some result digits committed before the operands they depend on), so the model's confidence there
+    is untrained and it commits wrong results early. x, w ``[B, P + R]`` are edited; clean, att are not.
     """
     if not rows:
         return
@@ -645,6 +648,10 @@ def main(argv=None):
     tasks = get_suite(args.tasks)
     if args.arith_drill > 0:
         tasks = tasks + [ArithmeticDrill()]
+    try:
+        rollout_tasks = parse_rollout_tasks(args.rollout_tasks, tasks)
+    except ValueError as err:
+        ap.error(str(err))
     if args.init:
         tok = TinyCharTokenizer.from_pretrained(args.init)
     else:
@@ -673,10 +680,6 @@ def main(argv=None):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
-    try:
-        rollout_tasks = parse_rollout_tasks(args.rollout_tasks, tasks)
-    except ValueError as err:
-        ap.error(str(err))
     out = Path(args.out)
     t0 = time.time()
     budget = args.max_minutes * 60
