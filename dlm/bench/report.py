@@ -203,7 +203,39 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         paths.append(path)
+    suites = list(dict.fromkeys(s for p in result.pairs for s in p.by_suite))
+    if suites:
+        paths.append(_plot_seconds_by_suite(plt, lines, suites, subtitle, out_dir / "quality_vs_seconds_by_suite.png"))
     return paths
+
+
+def _plot_seconds_by_suite(plt, lines: dict, suites: list, subtitle: str, path: Path) -> Path:
+    """One panel per suite of a multi-suite run: quality vs that suite's wall time (log), the view
+    in which each suite's equal-quality speed-up against the diffusers baselines is read."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    fig, axes = plt.subplots(1, len(suites), figsize=(4.2 * len(suites), 3.8), squeeze=False, sharey=True)
+    for ax, suite in zip(axes.flat, suites):
+        for i, (name, ps) in enumerate(lines.items()):
+            pts = [p.by_suite[suite] for p in ps if suite in p.by_suite]
+            ax.plot([q["seconds"] for q in pts], [q["quality"] for q in pts],
+                    "--" if ps[0].engine == "diffusers" else "-", marker=MARKERS[i % len(MARKERS)],
+                    markersize=max(3, 8 - i), label=name)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(f"{suite} ({pts[0]['n'] if pts else 0} prompts)", fontsize=9)
+        ax.set_xlabel("wall time for the suite's prompts, s (log)", fontsize=8)
+        ax.set_ylim(-2, 102)
+        ax.grid(True, which="both", alpha=0.3)
+    axes.flat[0].set_ylabel("quality (% correct)")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.suptitle(f"quality vs wall time, by suite (dashed: diffusers)\n{subtitle}", fontsize=9)
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.05 + 0.035 * ((len(labels) - 1) // 4), 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def write_all(result: BenchResult, out_dir: Path) -> dict:

@@ -219,6 +219,11 @@ def test_multi_suite_run_times_and_compares_each_suite_apart(tiny_dir, tmp_path,
     by_suite = full["meta"]["vs_diffusers_by_suite"]
     assert set(by_suite) == set(sizes) and all("diffusers-llada2" in v for v in by_suite.values())
     assert "[arithmetic] vs diffusers-llada2" in text and "[puzzles] vs diffusers-llada2" in text
+    from dlm.bench.report import load_result, plot_results
+
+    plots = plot_results(load_result(out / "results.json"), tmp_path / "plots")
+    by_suite_plot = tmp_path / "plots" / "quality_vs_seconds_by_suite.png"
+    assert by_suite_plot in plots and by_suite_plot.stat().st_size > 0
 
 
 def test_compare_by_suite_picks_each_suites_own_operating_point():
