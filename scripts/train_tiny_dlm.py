@@ -270,9 +270,29 @@ with --order-rollout 1.0 --result-mask 0.4, lr 1e-4, from stage 16's *end*, 38 m
 (2,291 steps at 1.0 s/step, --seed 19). n = 50 at TPF 1:
   - confidence: list edits 89.6, arithmetic 32, puzzles 89 (v2.3: 87.3 / 34 / 83);
   - `position` sampler: 86.4 / 62 / 88 (v2.3: 85.3 / 68 / 89).
-It is the next candidate: rerun it, then the curve and the engine tables.
-Untested directions: the rollout on the random list edits (shuffle and replace_random stay at 54-58%;
-at one token per step they repeat names), numbers as single tokens, or a larger model.
+Its per-task list edits at TPF 1: shuffle 66, insert_random 90, replace_random 66, the rest 92-100.
+Stage 19 (an experiment, not shipped): the rollout on the random list edits too, from stage 18's end,
+55 min beside other jobs (2,170 steps at 1.49 s/step, --seed 21):
+
+    python scripts/train_tiny_dlm.py --init <stage 18> --out /tmp/stage19 --max-minutes 55 \
+        --threads 1 --lr 1e-4 --warmup 50 --min-mask-ratio 0 --loss-weighting row-mean --arithmetic-format padded \
+        --arith-drill 12 --result-mask 0.4 --semi-ar 0.5 --semi-ar-blocks 1,2,4,8,16,32 --order-rollout 1.0 \
+        --rollout-commits blocks --rollout-tasks arithmetic,shuffle,replace_random,insert_random \
+        --task-weights reverse=1,sort=2,insert_index=1,remove_index=0.7,replace_index=1,shuffle=3,insert_random=2.5,replace_random=3,arithmetic=5,sudoku=1,latin=1 \
+        --seed 21 --save-every-min 10 --eval-every-min 1000
+
+  Why `--rollout-commits blocks`: with the stage-17 cap (answer length + 4 commits) a list-edit
+  rollout almost never commits a name, because the model commits the block's EOS padding first. A
+  25-minute run with that cap (--seed 20, stopped) read list edits 86.2-86.4 at every snapshot.
+  Results, n = 50, TPF 1, `confidence`:
+  - list edits 87.8 (stage 18: 89.6, v2.3: 87.3); shuffle 68, insert_random 86, replace_random 52;
+  - arithmetic 36, puzzles 85, mean 83.0 (v2.3: 34 / 83 / 82.2);
+  - snapshots at 10 / 20 / 30 / 40 minutes read list edits 86.2-86.4.
+  All of this is within noise of v2.3, so v2.3 stays. The failure it aimed at is unchanged: at one
+  token per step the model repeats a name it has already committed (`shuffle: uma kai vic jo bo` ->
+  `uma uma uma uma uma`; after `uma` is committed at one position, the next position still gives
+  `uma` 0.31).
+Untested directions: numbers as single tokens, or a larger model.
 """
 from __future__ import annotations
 
