@@ -17,7 +17,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel
-from transformers.utils import ModelOutput
 
 from .configuration import TinyDLMConfig
 
@@ -25,8 +24,13 @@ KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
 
 @dataclass
-class TinyDLMOutput(ModelOutput):
+class TinyDLMOutput:
     """Output of `TinyDLMModel.forward`.
+
+    A plain dataclass, not transformers' `ModelOutput`: from transformers 5.24 `ModelOutput` renames
+    a `past_key_values` field to `cache` when it is built, so the same code would read the cache under
+    different names across versions. Attributes are as below in every version; `out["logits"]` and
+    `out[0]` (first non-None field) work as with `ModelOutput`.
 
     logits: `[B, Lq, V]` float32, `Lq` = L without a window, `e - s` with `cache_window=(s, e)`.
     past_key_values: when `use_cache`, a tuple over layers of `(K, V)`, each `[B, H, L, Dh]` for
@@ -39,6 +43,17 @@ class TinyDLMOutput(ModelOutput):
     logits: Optional[torch.Tensor] = None
     past_key_values: Optional[KVCache] = None
     hidden_states: Optional[tuple[torch.Tensor, ...]] = None
+
+    def to_tuple(self) -> tuple:
+        """The fields that are not None, in order (what `return_dict=False` models return)."""
+        return tuple(v for v in (self.logits, self.past_key_values, self.hidden_states) if v is not None)
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            if key not in ("logits", "past_key_values", "hidden_states"):
+                raise KeyError(key)
+            return getattr(self, key)
+        return self.to_tuple()[key]
 
 
 class RMSNorm(nn.Module):
