@@ -37,6 +37,11 @@ def test_forward_shapes_and_cache():
     k, v = out.past_key_values[0]
     assert k.shape == v.shape == (2, 4, 20, 8)
     assert TinyDLMModel.supports_dlm_kv_cache is True
+    # dict- and tuple-style access, as with transformers' ModelOutput, whatever its version
+    assert out["logits"] is out.logits and out["past_key_values"] is out.past_key_values
+    assert out[0] is out.logits and out[1] is out.past_key_values and len(out.to_tuple()) == 2
+    with pytest.raises(KeyError):
+        out["cache"]
 
 
 def test_bidirectional():
