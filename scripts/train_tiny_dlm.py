@@ -271,6 +271,21 @@ with --order-rollout 1.0 --result-mask 0.4, lr 1e-4, from stage 16's *end*, 38 m
   - confidence: list edits 89.6, arithmetic 32, puzzles 89 (v2.3: 87.3 / 34 / 83);
   - `position` sampler: 86.4 / 62 / 88 (v2.3: 85.3 / 68 / 89).
 Its per-task list edits at TPF 1: shuffle 66, insert_random 90, replace_random 66, the rest 92-100.
+More readings of stage 18 (2026-11-24, afternoon), beside v2.3 on the same commands:
+  - list edits at TPF 1 on 200 prompts per task (`eval_tiny_dlm.py --suite list_edits --n 200
+    --steps 64 --eos-stop`): **90.3** (v2.3: 89.9); shuffle 68.5, insert_random 88, replace_random 66;
+  - the curve, n = 24, TPF 1 / 2 / 4 / 8: mean 85.4 / 68.4 / 64.6 / 63.9 (v2.3: 83.3 / 65.3 / 63.2 /
+    61.5); list edits 91.2 / 71.3 / 71.3 / 71.3; arithmetic 33.3 / 16.7 / 12.5 / 16.7; puzzles 85.4 /
+    81.2 / 60.4 / 54.2;
+  - `position` sampler, n = 50, TPF 1 / 8: list edits 86.4 / 72.9, arithmetic 62 / 58, puzzles 88 /
+    78, mean 84.7 / 72.5 (v2.3: 84.5 / 71.7);
+  - arithmetic with 8-token blocks, TPF 1: 60% (v2.3: 54%).
+  - n = 50, TPF 1 / 8, `confidence`: list edits 89.6 / 69.6, arithmetic 32 / 14, puzzles 89 / 55,
+    mean **84.7** / 62.5 (v2.3: 87.3 / 69.1, 34 / 10, 83 / 53, 82.2 / 61.5).
+  It is at least as good as v2.3 on every reading except arithmetic at TPF 1 with 32-token blocks
+  (32 vs 34 with `confidence`, 62 vs 68 with `position`, n = 50: 1 and 3 prompts). It is the
+  candidate to ship next. Shipping it means retraining the joint layer for it and rerunning
+  the v2.3 tables (the README commands' outputs, the curve, the engine run); none of that was done.
 Stage 19 (an experiment, not shipped): the rollout on the random list edits too, from stage 18's end,
 55 min beside other jobs (2,170 steps at 1.49 s/step, --seed 21):
 
