@@ -28,7 +28,8 @@ import platform
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -273,16 +274,8 @@ def suite_of(task_name: str) -> str | None:
 def _suite_batches(examples: list, size: int) -> list[tuple[str | None, list]]:
     """Batches of at most `size` examples that never mix two suites, so that a multi-suite run
     (`--suite all`) can time each suite apart: each batch comes with its suite (None outside them)."""
-    out: list[tuple[str | None, list]] = []
-    group: list = []
-    for ex in examples:
-        if group and suite_of(ex.task) != suite_of(group[0].task):
-            out += [(suite_of(group[0].task), chunk) for chunk in _batches(group, size)]
-            group = []
-        group.append(ex)
-    if group:
-        out += [(suite_of(group[0].task), chunk) for chunk in _batches(group, size)]
-    return out
+    return [(suite, chunk) for suite, group in groupby(examples, key=lambda ex: suite_of(ex.task))
+            for chunk in _batches(list(group), size)]
 
 
 def _encode_batch(tokenizer, texts: list[str], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -589,22 +582,19 @@ def compare_by_suite(result: BenchResult, tolerance: float = 1.0) -> dict:
     Each pair is seen through its `by_suite` entry (that suite's prompts, NFE and wall time only), so
     every suite gets its own operating points, as if it had been run alone in this run.
     """
-    import dataclasses
-
     suites = list(dict.fromkeys(s for p in result.pairs for s in p.by_suite))
     out = {}
     for suite in suites:
-        view = [dataclasses.replace(p, n=p.by_suite[suite]["n"], quality=p.by_suite[suite]["quality"],
-                                    nfe=p.by_suite[suite]["nfe"], tpf=p.by_suite[suite]["tpf"],
-                                    seconds=p.by_suite[suite]["seconds"])
+        view = [replace(p, n=p.by_suite[suite]["n"], quality=p.by_suite[suite]["quality"],
+                        nfe=p.by_suite[suite]["nfe"], tpf=p.by_suite[suite]["tpf"],
+                        seconds=p.by_suite[suite]["seconds"])
                 for p in result.pairs if suite in p.by_suite]
         out[suite] = compare_to_baselines(BenchResult(config=result.config, meta={}, pairs=view), tolerance)
     return out
 
 
 def _with(cfg: BenchConfig, **changes) -> BenchConfig:
-    import dataclasses
-    return dataclasses.replace(cfg, **changes)
+    return replace(cfg, **changes)
 
 
 def _oracle_suite(name: str):
