@@ -403,10 +403,11 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
                 full_mask: float = 0.0, min_mask_ratio: float = 0.5, loss_weighting: str = "mean",
                 mask_ratio_power: float = 1.0, eos_revealed: float = 0.0,
                 semi_ar_blocks: tuple[int, ...] = (8, 16, 32), arithmetic_format: str = "plain",
-                result_mask: float = 0.0, row_tasks: list | None = None):
+                result_mask: float = 0.0, row_tasks: list | None = None, row_examples: list | None = None):
     """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
 
     `row_tasks`: if a list is given, each row's task name is appended to it (row order).
+    `row_examples`: likewise, each row's `(task, Example)`.
 
     `result_mask`: the share of arithmetic rows (task and drill) whose answer is masked from one
     random step's result on, with the whole loss on that result's digits: the state in which a
@@ -423,6 +424,8 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
         ex = sample_train_example(task, rng)
         if row_tasks is not None:
             row_tasks.append(task.name)
+        if row_examples is not None:
+            row_examples.append((task, ex))
         p = ex.prompt + ("" if rng.random() < no_sep else PROMPT_SUFFIX)
         arithmetic = task.name in ("arithmetic", ArithmeticDrill.name)
         answer = pad_numbers(ex.answer) if arithmetic_format == "padded" and arithmetic else ex.answer
@@ -555,6 +558,44 @@ def order_rollout(model, x: torch.Tensor, clean: torch.Tensor, att: torch.Tensor
     model.train(was_training)
 
 
+def soft_answer_targets(x: torch.Tensor, P: int, row_examples: list, tok, mask_id: int):
+    """Soft targets for the hidden name slots of random list edits (shuffle, insert / replace at random).
+
+    Such a prompt has many valid answers, and the sampled one is a single draw: given the names
+    already shown, a hidden slot's true posterior is spread over every name that some consistent
+    valid answer puts there (`slot_marginals`; for shuffle, every name not yet shown). The one-hot
+    target of the sampled answer is an unbiased but noisy estimate of that posterior; the posterior
+    itself (Rao-Blackwellised target) says outright that a name already shown cannot come again,
+    the rule the model breaks when it repeats a committed name at one token per step.
+
+    x: `[B, P + R]` the (masked) batch; the answer's name k sits at response position 2k (names are
+    single tokens separated by ' '). Returns `(rows, cols, q)`: the hidden slots' coordinates in x
+    (long `[N]` each) and their target distributions `q [N, V]`; N = 0 if no row qualifies.
+    """
+    rows, cols, targets = [], [], []
+    for i, (task, ex) in enumerate(row_examples):
+        if not getattr(task, "random_edit", False):
+            continue
+        names = ex.answer.split()
+        ids = [tok.encode(n) for n in names]
+        if any(len(t) != 1 for t in ids):
+            raise ValueError(f"soft targets need single-token names; {names} encodes as {ids}")
+        slots = [P + 2 * k for k in range(len(names))]
+        shown = [None if int(x[i, c]) == mask_id else tok.decode([int(x[i, c])]) for c in slots]
+        for c, seen, marginal in zip(slots, shown, task.slot_marginals(ex, shown)):
+            if seen is not None:
+                continue
+            q = torch.zeros(tok.vocab_size)
+            for name, prob in marginal.items():
+                q[tok.encode(name)[0]] = prob
+            rows.append(i)
+            cols.append(c)
+            targets.append(q)
+    if not targets:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, tok.vocab_size)
+    return torch.tensor(rows), torch.tensor(cols), torch.stack(targets)
+
+
 def parse_rollout_tasks(text: str, tasks) -> set[str]:
     """'arithmetic,shuffle' -> the task names whose rows `order_rollout` may take. 'arithmetic' also
     names the drills (they share its answer format). ValueError naming --rollout-tasks otherwise."""
@@ -669,6 +710,9 @@ def main(argv=None):
     ap.add_argument("--rollout-commits", choices=("answer", "blocks"), default="answer",
                     help="cap of a rollout's number of commits: the answer's length + 4, or the end of the "
                          "block holding the answer's end (see order_rollout)")
+    ap.add_argument("--soft-random-targets", action="store_true",
+                    help="train the hidden name slots of shuffle / insert / replace at random on the "
+                         "posterior over valid answers instead of the sampled answer (see soft_answer_targets)")
     ap.add_argument("--rollout-tasks", default="arithmetic",
                     help="comma-separated task names whose rows --order-rollout may take; 'arithmetic' "
                          "includes the drills (see rollout_rows)")
@@ -745,20 +789,25 @@ def main(argv=None):
         for g in opt.param_groups:
             g["lr"] = lr
         row_tasks: list[str] = []
+        row_examples: list = []
         x, clean, att, w, P = build_batch(tasks, weights, tok, rng, args.batch_size,
                                           args.semi_ar, args.no_sep, gen, args.short_resp,
                                           args.full_mask, args.min_mask_ratio, args.loss_weighting,
                                           args.mask_ratio_power, args.eos_revealed,
                                           tuple(int(b) for b in args.semi_ar_blocks.split(",")),
-                                          args.arithmetic_format, args.result_mask, row_tasks)
+                                          args.arithmetic_format, args.result_mask, row_tasks, row_examples)
         x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
         if args.order_rollout > 0:
             rows = rollout_rows(row_tasks, rollout_tasks, args.order_rollout, rng)
             order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng,
                           commit_cap=args.rollout_commits)
         logits = model(x, attention_mask=att).logits
-        ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none")
-        loss = (ce.view_as(w) * w).sum() / x.shape[0]
+        ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none").view_as(w)
+        if args.soft_random_targets:
+            rows, cols, q = soft_answer_targets(x, P, row_examples, tok, tok.mask_token_id)
+            if len(rows):
+                ce = ce.index_put((rows, cols), -(q.to(device) * logits[rows, cols].log_softmax(-1)).sum(-1))
+        loss = (ce * w).sum() / x.shape[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -17,7 +17,9 @@ Prompt formats (indices are 0-based):
 """
 from __future__ import annotations
 
+import itertools
 import random
+from collections import Counter
 from typing import Optional
 
 from .base import Example, Task, first_line
@@ -57,6 +59,22 @@ class ListEditTask(Task):
 
     def _valid(self, example: Example, got: list[str]) -> bool:
         return got == example.answer.split()
+
+    def valid_answers(self, example: Example) -> list[list[str]]:
+        """Every answer `score` accepts, as lists of names (one for a deterministic edit)."""
+        return [example.answer.split()]
+
+    def slot_marginals(self, example: Example, visible: list[Optional[str]]) -> list[dict[str, float]]:
+        """Each answer slot's distribution over names when the valid answers consistent with the
+        `visible` slots (a name, or None where hidden; one entry per name of `example.answer`) are
+        equally likely: for a random edit, the exact posterior of a hidden slot given the shown ones,
+        which a single sampled answer only approximates. ValueError if no valid answer fits."""
+        fits = [a for a in self.valid_answers(example)
+                if len(a) == len(visible) and all(v is None or v == n for v, n in zip(visible, a))]
+        if not fits:
+            raise ValueError(f"no valid {self.name} answer matches the visible slots {visible}")
+        counts = [Counter(a[j] for a in fits) for j in range(len(visible))]
+        return [{name: c / len(fits) for name, c in slot.items()} for slot in counts]
 
 
 class Copy(ListEditTask):
@@ -133,6 +151,10 @@ class Shuffle(ListEditTask):
         xs = example.meta["items"]
         return sorted(got) == sorted(xs) and got != xs
 
+    def valid_answers(self, example):
+        xs = example.meta["items"]  # 3-6 names: at most 720 orders
+        return [list(p) for p in itertools.permutations(xs) if list(p) != xs]
+
 
 class InsertRandom(ListEditTask):
     op = "insert_random"
@@ -150,6 +172,10 @@ class InsertRandom(ListEditTask):
         xs, new = example.meta["items"], example.meta["name"]
         return len(got) == len(xs) + 1 and new in got and \
             [g for g in got if g != new] == xs and got.count(new) == 1
+
+    def valid_answers(self, example):
+        xs, new = example.meta["items"], example.meta["name"]
+        return [xs[:i] + [new] + xs[i:] for i in range(len(xs) + 1)]
 
 
 class ReplaceRandom(ListEditTask):
@@ -170,6 +196,10 @@ class ReplaceRandom(ListEditTask):
             return False
         diff = [i for i, (a, b) in enumerate(zip(xs, got)) if a != b]
         return len(diff) == 1 and got[diff[0]] == new
+
+    def valid_answers(self, example):
+        xs, new = example.meta["items"], example.meta["name"]
+        return [xs[:i] + [new] + xs[i + 1:] for i in range(len(xs))]
 
 
 LIST_EDIT_TASKS = (Copy, Reverse, Sort, InsertIndex, RemoveIndex, ReplaceIndex,

@@ -119,6 +119,47 @@ def test_replace_random_validity():
         assert t.score(ex, bad) == 0.0
 
 
+def test_valid_answers_are_exactly_what_score_accepts():
+    import itertools
+    from dlm.tasks.list_edits import NAMES
+    for name in ("shuffle", "insert_random", "replace_random", "copy", "reverse"):
+        t = get_task(name)
+        small = [ex for ex in t.examples("test", 30, seed=1) if len(ex.meta["items"]) <= 4]  # brute force below
+        assert len(small) >= 3
+        for ex in small[:4]:
+            answers = t.valid_answers(ex)
+            assert all(t.score(ex, " ".join(a)) == 1.0 for a in answers)
+            n = len(answers[0])
+            pool = sorted(set(ex.meta["items"]) | {ex.meta.get("name", ex.meta["items"][0])})
+            accepted = [list(a) for a in itertools.product(pool, repeat=n) if t.score(ex, " ".join(a)) == 1.0]
+            assert sorted(accepted) == sorted(answers), name
+            assert set(pool) <= set(NAMES)
+
+
+def test_slot_marginals_are_the_posterior_over_valid_answers():
+    shuffle = get_task("shuffle")
+    ex = _ex("shuffle", "shuffle: ana bo cyd", "bo ana cyd", items=["ana", "bo", "cyd"])
+    # nothing shown: the 5 orders other than the input; slot 0 holds ana in one (acb), bo and cyd in two
+    assert shuffle.slot_marginals(ex, [None] * 3)[0] == {"ana": 0.2, "bo": 0.4, "cyd": 0.4}
+    # bo shown in slot 1: only cyd-bo-ana remains (ana-bo-cyd is the input itself)
+    assert shuffle.slot_marginals(ex, [None, "bo", None]) == [{"cyd": 1.0}, {"bo": 1.0}, {"ana": 1.0}]
+    # a shown name is never offered again in a hidden slot
+    for slot in shuffle.slot_marginals(ex, ["cyd", None, None])[1:]:
+        assert "cyd" not in slot and abs(sum(slot.values()) - 1) < 1e-12
+    replace = get_task("replace_random")
+    ex = _ex("replace_random", "replace eli: ana bo cyd", "eli bo cyd", items=["ana", "bo", "cyd"], name="eli")
+    assert replace.slot_marginals(ex, [None, "eli", None]) == [{"ana": 1.0}, {"eli": 1.0}, {"cyd": 1.0}]
+    assert replace.slot_marginals(ex, ["ana", None, None])[1] == {"bo": 0.5, "eli": 0.5}
+    insert = get_task("insert_random")
+    ex = _ex("insert_random", "insert eli: ana bo", "eli ana bo", items=["ana", "bo"], name="eli")
+    assert insert.slot_marginals(ex, [None] * 3)[1] == {"ana": 1 / 3, "eli": 1 / 3, "bo": 1 / 3}
+    copy = get_task("copy")
+    ex = _ex("copy", "copy: ana bo", "ana bo", items=["ana", "bo"])
+    assert copy.slot_marginals(ex, [None, None]) == [{"ana": 1.0}, {"bo": 1.0}]
+    with pytest.raises(ValueError, match="no valid shuffle answer"):
+        shuffle.slot_marginals(_ex("shuffle", "shuffle: ana bo", "bo ana", items=["ana", "bo"]), ["ana", None])
+
+
 def test_arithmetic_extract_and_score():
     assert extract_number("3+5=8. 8-2=6. #### 6") == 6
     assert extract_number("#### 12 then #### 13") == 13

@@ -270,3 +270,34 @@ def test_order_rollout_blocks_cap_reaches_past_the_padding_of_short_answers(trai
     with pytest.raises(ValueError, match="commit_cap"):
         train_script.order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng,
                                    commit_cap="all")
+
+
+def test_soft_targets_cover_hidden_name_slots_of_random_edits_only(train_script):
+    from dlm.tiny import CHECKPOINT_DIR
+    tasks = get_suite("list_edits")
+    tok = TinyCharTokenizer.from_pretrained(CHECKPOINT_DIR)  # names are single tokens there
+    rng, gen = random.Random(5), torch.Generator().manual_seed(5)
+    row_examples = []
+    x, clean, att, w, P = train_script.build_batch(tasks, [1.0] * len(tasks), tok, rng, batch_size=48, semi_ar=0.0,
+                                                   no_sep=0.0, gen=gen, min_mask_ratio=0.0, row_examples=row_examples)
+    assert len(row_examples) == 48
+    rows, cols, q = train_script.soft_answer_targets(x, P, row_examples, tok, tok.mask_token_id)
+    assert len(rows) > 0 and q.shape == (len(rows), tok.vocab_size)
+    assert torch.allclose(q.sum(1), torch.ones(len(rows)))
+    assert (x[rows, cols] == tok.mask_token_id).all()  # hidden slots only
+    assert (q[torch.arange(len(rows)), clean[rows, cols]] > 0).all()  # the sampled answer is one of the valid ones
+    spread = 0
+    for k, (i, c) in enumerate(zip(rows.tolist(), cols.tolist())):
+        task, ex = row_examples[i]
+        assert task.random_edit and (c - P) % 2 == 0
+        shown = {int(t) for t in x[i, P:P + 2 * len(ex.answer.split()):2] if int(t) != tok.mask_token_id}
+        assert all(q[k, t] == 0 for t in shown) or task.name != "shuffle"  # a shown name is never due again
+        spread += int((q[k] > 0).sum()) > 1
+    assert spread > 0  # some slots really are uncertain
+    deterministic = [i for i, (t, _) in enumerate(row_examples) if not t.random_edit]
+    assert deterministic and not set(deterministic) & set(rows.tolist())
+    with pytest.raises(ValueError, match="single-token names"):  # a character tokenizer spells names out
+        char_tok = TinyCharTokenizer()
+        x, _, _, _, P = train_script.build_batch(tasks, [1.0] * len(tasks), char_tok, rng, batch_size=48, semi_ar=0.0,
+                                                 no_sep=0.0, gen=gen, row_examples=(rows_of_char := []))
+        train_script.soft_answer_targets(x, P, rows_of_char, char_tok, char_tok.mask_token_id)
