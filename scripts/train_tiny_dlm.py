@@ -804,9 +804,10 @@ def main(argv=None):
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none").view_as(w)
         if args.soft_random_targets:
-            rows, cols, q = soft_answer_targets(x, P, row_examples, tok, tok.mask_token_id)
-            if len(rows):
-                ce = ce.index_put((rows, cols), -(q.to(device) * logits[rows, cols].log_softmax(-1)).sum(-1))
+            soft_rows, soft_cols, q = soft_answer_targets(x, P, row_examples, tok, tok.mask_token_id)
+            if len(soft_rows):
+                soft_ce = -(q.to(device) * logits[soft_rows, soft_cols].log_softmax(-1)).sum(-1)
+                ce = ce.index_put((soft_rows, soft_cols), soft_ce)
         loss = (ce * w).sum() / x.shape[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
