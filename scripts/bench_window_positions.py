@@ -23,11 +23,12 @@ def positions_per_row(runner: _Runner, spec, budget: int, batches) -> dict:
     prompt = 0
     with torch.inference_mode():
         for _, _, ids, mask in batches:
-            out = runner.run(spec, budget, ids, mask, torch.Generator().manual_seed(0))
+            _, _, batch_calls, batch_positions, batch_seconds, _, _ = runner.run(
+                spec, budget, ids, mask, torch.Generator().manual_seed(0))
             rows += ids.shape[0]
-            positions += out[3]
-            calls += out[2]
-            seconds += out[4]
+            positions += batch_positions
+            calls += batch_calls
+            seconds += batch_seconds
             prompt += ids.numel()
     return {"prompt": prompt / rows, "positions": positions / rows, "calls": calls / len(batches),
             "ms_per_batch": 1000 * seconds / len(batches)}
