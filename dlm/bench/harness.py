@@ -48,6 +48,8 @@ class SamplerSpec:
 
     `kv=none|prefix|dual` picks the KV cache for this entry (else the run's `--kv-cache`);
     `xblock=1` (with a cache) extends the cache from block to block (`generate(cache_across_blocks=True)`);
+    `refresh=N` (with a cache) rebuilds it by a full forward every N steps inside a block
+    (`generate(cache_refresh_every=N)`; 0, the default, at block starts only);
     `cut=1` feeds the model only up to the current block's end (`generate(cut_trailing_masks=True)`,
     an approximation for bidirectional models); other
     keys override the sampler's config (`threshold:tau=0.7`) or, for the diffusers baselines, the
@@ -60,6 +62,7 @@ class SamplerSpec:
     kv_cache: str | None = None
     cache_across_blocks: bool = False
     cut_trailing_masks: bool = False
+    cache_refresh_every: int = 0
 
     @property
     def is_diffusers(self) -> bool:
@@ -92,7 +95,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         name, *opts = entry.split(":")
         if name not in known:
             raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(known)}")
-        options, kv, xblock, cut = [], None, False, False
+        options, kv, xblock, cut, refresh = [], None, False, False, 0
         for opt in opts:
             if "=" not in opt:
                 raise ValueError(f"sampler option {opt!r} in {entry!r} must be key=value")
@@ -105,17 +108,23 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                 xblock = _flag(key, value, entry)
             elif key == "cut":
                 cut = _flag(key, value, entry)
+            elif key == "refresh":
+                if not value.isdigit():
+                    raise ValueError(f"refresh={value!r} in {entry!r}: must be a whole number of steps (0 = block starts only)")
+                refresh = int(value)
             else:
                 options.append((key, parse_option_value(value)))
         if entry in seen:
             raise ValueError(f"sampler {entry!r} is listed twice")
         seen.add(entry)
         spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv, cache_across_blocks=xblock,
-                           cut_trailing_masks=cut)
+                           cut_trailing_masks=cut, cache_refresh_every=refresh)
         if cut and spec.is_diffusers:
             raise ValueError(f"{entry!r}: cut=1 is an option of our engine; diffusers' pipeline always cuts at the block end")
         if xblock and (spec.is_diffusers or kv in (None, "none")):
             raise ValueError(f"{entry!r}: xblock=1 extends a KV cache; add kv=prefix or kv=dual")
+        if refresh and (spec.is_diffusers or kv in (None, "none")):
+            raise ValueError(f"{entry!r}: refresh={refresh} rebuilds a KV cache; add kv=prefix or kv=dual")
         if spec.is_diffusers and kv not in (None, "none"):
             raise ValueError(f"{entry!r}: diffusers' LLaDA2Pipeline has no KV cache (drop kv=)")
         if not spec.is_diffusers:
@@ -432,7 +441,7 @@ class _Runner:
 
         kw = dict(temperature=cfg.temperature, mask_token_id=self.mask_id, eos_token_id=self.eos_id,
                   attention_mask=attention_mask, generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache,
-                  eos_early_stop=cfg.eos_early_stop, callback=count)
+                  cache_refresh_every=spec.cache_refresh_every, eos_early_stop=cfg.eos_early_stop, callback=count)
         policy = get_sampler(spec.name, **spec.option_dict)
         if policy.ensemble:
             from dlm.ensemble import hex_generate

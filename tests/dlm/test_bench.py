@@ -91,6 +91,26 @@ def test_xblock_spec_needs_a_cache():
             parse_sampler_specs(bad)
 
 
+def test_refresh_spec_rebuilds_the_cache_and_refresh_1_is_the_uncached_engine(tiny_dir, tmp_path, capsys):
+    (d,) = parse_sampler_specs("threshold:kv=dual:refresh=2")
+    assert d.cache_refresh_every == 2 and d.kv_cache == "dual" and d.option_dict == {}
+    for bad in ("threshold:refresh=2", "threshold:kv=none:refresh=1", "threshold:kv=dual:refresh=x",
+                "threshold:kv=dual:refresh=-1", "diffusers-llada2:refresh=1"):
+        with pytest.raises(ValueError, match="refresh"):
+            parse_sampler_specs(bad)
+    out = tmp_path / "run"
+    rc = main(["bench", "--model", tiny_dir, "--suite", "copy", "--samplers", "confidence,confidence:kv=dual:refresh=1,"
+               "confidence:kv=dual", "--steps", "8", "--limit", "4", "--gen-length", "16", "--block-length", "8",
+               "--out", str(out), "--json", "--no-plots"])
+    assert rc == 0, capsys.readouterr().err
+    pairs = {p["sampler"]: p for p in json.loads((out / "results.json").read_text())["pairs"]}
+    plain, refreshed, cached = pairs["confidence"], pairs["confidence:kv=dual:refresh=1"], pairs["confidence:kv=dual"]
+    # a cache rebuilt before every step is the uncached computation: same outputs, full-length forwards
+    assert [s["output"] for s in refreshed["samples"]] == [s["output"] for s in plain["samples"]]
+    assert refreshed["quality"] == plain["quality"] and refreshed["forward_tokens"] == plain["forward_tokens"]
+    assert cached["forward_tokens"] < refreshed["forward_tokens"]  # without refresh the cache saves positions
+
+
 class _CountCalls:
     def __init__(self, module):
         self.n, self.lengths = 0, []
