@@ -346,6 +346,16 @@ Stage 20 (the shipped v2.5, since 2026-11-24 evening): stage 18's recipe with --
   Shuffle did not move. Its posterior is spread over every unused name, and the model still repeats
   a used one. A probe with the answer `ned vic [M] cyd` for `shuffle: cyd uma ned vic` gives vic 0.50,
   uma 0.42 (stage 18: vic 0.78, uma 0.15).
+Stage 21 (two experiments from stage 20's end, not shipped): stage 20's command with --init <stage 20>,
+--max-minutes 38, run side by side:
+  - c: + --eos-revealed 0.3 (--seed 24, 2,334 steps). List edits on 200 prompts per task 91.3 (stage
+    20: 91.9): shuffle 70.5 (68), insert_random 92 (94.5), replace_random 66.5 (72.5). n = 50, TPF 1:
+    list edits 91.3, arithmetic 38, puzzles 83, mean 85.5 (stage 20: 86.2);
+  - d: + --rollout-commits blocks --rollout-tasks arithmetic,shuffle,replace_random,insert_random
+    (--seed 25, 1,520 steps). List edits 88.2 on 200 prompts per task: shuffle 62, replace_random 54.
+    n = 50 mean 83.3.
+  Neither beats stage 20. As in stage 19, the rollout on the random edits costs list edits, and here
+  it does so with soft targets too.
 Untested directions: numbers as single tokens, or a larger model.
 """
 from __future__ import annotations
