@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from dlm.bench.harness import (BenchConfig, _encode_batch, _Runner, _suite_batches, collect_examples, load_model,
+from dlm.bench.harness import (BenchConfig, _Runner, collect_examples, encoded_suite_batches, load_model,
                                parse_sampler_specs, resolve_suite)
 
 
@@ -54,8 +54,7 @@ def main(argv=None) -> None:
                           limit=args.limit, temperature=0.0, batch_size=args.batch_size)
         runner = _Runner(model, tok, cfg, ids)
         examples = collect_examples(resolve_suite(suite, None), args.limit, 0)
-        batches = [(s, chunk, *_encode_batch(tok, [e.input_text for e in chunk], runner.pad_id, torch.device("cpu")))
-                   for s, chunk in _suite_batches(examples, args.batch_size)]
+        batches = encoded_suite_batches(tok, examples, args.batch_size, runner.pad_id, torch.device("cpu"))
         for spec in specs:
             r = positions_per_row(runner, spec, args.steps, batches)
             print(f"| {suite} | `{spec.label}` | {r['prompt']:.1f} | {r['positions']:.1f} | {r['calls']:.2f} | "

@@ -826,17 +826,16 @@ def main(argv=None):
             lr = args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        row_tasks: list[str] = []
-        row_examples: list = []
+        row_examples: list = []  # (task, Example) per row: rollout picks rows by task, soft targets read the example
         x, clean, att, w, P = build_batch(tasks, weights, tok, rng, args.batch_size,
                                           args.semi_ar, args.no_sep, gen, args.short_resp,
                                           args.full_mask, args.min_mask_ratio, args.loss_weighting,
                                           args.mask_ratio_power, args.eos_revealed,
                                           tuple(int(b) for b in args.semi_ar_blocks.split(",")),
-                                          args.arithmetic_format, args.result_mask, row_tasks, row_examples)
+                                          args.arithmetic_format, args.result_mask, row_examples=row_examples)
         x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
         if args.order_rollout > 0:
-            rows = rollout_rows(row_tasks, rollout_tasks, args.order_rollout, rng)
+            rows = rollout_rows([task.name for task, _ in row_examples], rollout_tasks, args.order_rollout, rng)
             order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng,
                           commit_cap=args.rollout_commits)
         logits = model(x, attention_mask=att).logits

@@ -287,6 +287,13 @@ def _suite_batches(examples: list, size: int) -> list[tuple[str | None, list]]:
             for chunk in _batches(list(group), size)]
 
 
+def encoded_suite_batches(tokenizer, examples: list, size: int, pad_id: int, device) -> list[tuple]:
+    """`(suite, examples, input_ids, attention_mask)` per batch of `_suite_batches`: what every engine
+    of a run is fed (left-padded with `pad_id`)."""
+    return [(suite, chunk, *_encode_batch(tokenizer, [ex.input_text for ex in chunk], pad_id, device))
+            for suite, chunk in _suite_batches(examples, size)]
+
+
 def _encode_batch(tokenizer, texts: list[str], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
     ids = [list(tokenizer.encode(t, add_special_tokens=False)) if _accepts_special(tokenizer) else list(tokenizer.encode(t))
            for t in texts]
@@ -495,8 +502,7 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
     if runner.mask_id is None:
         raise ValueError(f"model {cfg.model!r} has no mask token: it is not a masked diffusion LM")
     task_of = {t.name: t for t in tasks}
-    batches = [(suite, chunk, *_encode_batch(tokenizer, [ex.input_text for ex in chunk], runner.pad_id, device))
-               for suite, chunk in _suite_batches(examples, cfg.batch_size)]
+    batches = encoded_suite_batches(tokenizer, examples, cfg.batch_size, runner.pad_id, device)
     suites = list(dict.fromkeys(suite for suite, *_ in batches))
 
     if cfg.warmup:  # one untimed call per engine: first-call allocations and lazy imports
@@ -532,8 +538,8 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
                     forward_tokens += ftok
                     call_nfe.append(nfe)
                     per_seq_nfe.extend(row_nfe)
-                    acc = per_suite.setdefault(suite, {"scores": [], "nfe": [], "seconds": 0.0})
-                    acc["nfe"].extend(row_nfe)
+                    acc = per_suite.setdefault(suite, {"scores": [], "nfe": 0, "seconds": 0.0})
+                    acc["nfe"] += sum(row_nfe)
                     acc["seconds"] += sec
                     for ex, row in zip(chunk, gen.tolist()):
                         text = tokenizer.decode(_cut_at_eos(row, runner.eos_id), skip_special_tokens=True)
@@ -579,10 +585,15 @@ def _suite_summary(per_suite: dict, gen_length: int) -> dict:
     """{suite: {n, quality, nfe, tpf, seconds}} of one pair, from its suite-pure batches."""
     out = {}
     for suite, acc in per_suite.items():
-        n, total_nfe = len(acc["scores"]), sum(acc["nfe"])
+        n, total_nfe = len(acc["scores"]), acc["nfe"]
         out[suite] = {"n": n, "quality": 100.0 * sum(acc["scores"]) / n, "nfe": total_nfe / n,
                       "tpf": n * gen_length / max(total_nfe, 1), "seconds": acc["seconds"]}
     return out
+
+
+def result_suites(result: BenchResult) -> list[str]:
+    """The suites of a multi-suite run, in run order (empty for a single-suite run)."""
+    return list(dict.fromkeys(s for p in result.pairs for s in p.by_suite))
 
 
 def compare_by_suite(result: BenchResult, tolerance: float = 1.0) -> dict:
@@ -591,13 +602,10 @@ def compare_by_suite(result: BenchResult, tolerance: float = 1.0) -> dict:
     Each pair is seen through its `by_suite` entry (that suite's prompts, NFE and wall time only), so
     every suite gets its own operating points, as if it had been run alone in this run.
     """
-    suites = list(dict.fromkeys(s for p in result.pairs for s in p.by_suite))
     out = {}
-    for suite in suites:
-        view = [replace(p, n=p.by_suite[suite]["n"], quality=p.by_suite[suite]["quality"],
-                        nfe=p.by_suite[suite]["nfe"], tpf=p.by_suite[suite]["tpf"],
-                        seconds=p.by_suite[suite]["seconds"])
-                for p in result.pairs if suite in p.by_suite]
+    for suite in result_suites(result):
+        # a `by_suite` entry holds the PairResult fields (n, quality, nfe, tpf, seconds) of that suite
+        view = [replace(p, **p.by_suite[suite]) for p in result.pairs if suite in p.by_suite]
         out[suite] = compare_to_baselines(BenchResult(config=result.config, meta={}, pairs=view), tolerance)
     return out
 

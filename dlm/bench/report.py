@@ -5,7 +5,7 @@ import csv
 import json
 from pathlib import Path
 
-from dlm.bench.harness import BenchResult
+from dlm.bench.harness import BenchResult, result_suites
 
 COLUMNS = (("sampler", "sampler", "{}"), ("budget", "steps", "{}"), ("quality", "quality%", "{:.1f}"),
            ("nfe", "NFE/seq", "{:.1f}"), ("branch_forwards", "branchF/seq", "{:.1f}"), ("nfe_per_call", "NFE/call", "{:.1f}"), ("tpf", "TPF", "{:.2f}"),
@@ -203,7 +203,7 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         paths.append(path)
-    suites = list(dict.fromkeys(s for p in result.pairs for s in p.by_suite))
+    suites = result_suites(result)
     if suites:
         paths.append(_plot_seconds_by_suite(plt, lines, suites, subtitle, out_dir / "quality_vs_seconds_by_suite.png"))
     return paths

@@ -10,7 +10,7 @@ window's new K/V replace slots `s:e` of a copy of the cache and the window queri
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import torch
@@ -46,11 +46,11 @@ class TinyDLMOutput:
 
     def to_tuple(self) -> tuple:
         """The fields that are not None, in order (what `return_dict=False` models return)."""
-        return tuple(v for v in (self.logits, self.past_key_values, self.hidden_states) if v is not None)
+        return tuple(v for v in (getattr(self, f.name) for f in fields(self)) if v is not None)
 
     def __getitem__(self, key):
         if isinstance(key, str):
-            if key not in ("logits", "past_key_values", "hidden_states"):
+            if key not in {f.name for f in fields(self)}:
                 raise KeyError(key)
             return getattr(self, key)
         return self.to_tuple()[key]

@@ -1,7 +1,7 @@
 """scripts/bench_window_positions.py counts the positions each engine feeds the model."""
 import torch
 
-from dlm.bench.harness import (BenchConfig, _encode_batch, _Runner, _suite_batches, collect_examples, load_model,
+from dlm.bench.harness import (BenchConfig, _Runner, collect_examples, encoded_suite_batches, load_model,
                                parse_sampler_specs, resolve_suite)
 
 from script_loader import load_script  # tests/script_loader.py (tests/ is on sys.path)
@@ -14,8 +14,7 @@ def test_cut_window_is_prompt_plus_one_block_at_one_forward_per_block():
                       temperature=0.0)
     runner = _Runner(model, tok, cfg, ids)
     examples = collect_examples(resolve_suite("puzzles", None), 2, 0)
-    batches = [(s, c, *_encode_batch(tok, [e.input_text for e in c], runner.pad_id, torch.device("cpu")))
-               for s, c in _suite_batches(examples, 16)]
+    batches = encoded_suite_batches(tok, examples, 16, runner.pad_id, torch.device("cpu"))
     cut, exact = (script.positions_per_row(runner, spec, 2, batches)
                   for spec in parse_sampler_specs("threshold:cut=1,threshold"))
     assert cut["calls"] == exact["calls"] == 1.0  # budget 2: each puzzle fits the first block (EOS stop)
