@@ -543,6 +543,30 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
     return x, clean, att, weights_full, P
 
 
+def cut_trailing_rows(att: torch.Tensor, w: torch.Tensor, P: int, share: float, gen: torch.Generator) -> None:
+    """Cut a share of rows after a random response position c, in place: keys at response positions
+    >= c are hidden (`att`) and carry no loss (`w`), and each cut row's loss weights are rescaled
+    to their old sum. c is uniform over [first loss position + 1, R], so some loss is always kept.
+
+    Why: an engine that feeds the model only up to the current block's end
+    (`generate(cut_trailing_masks=True)`, diffusers' LLaDA2Pipeline's window) shows the model a
+    response without its masked tail, a state full-length training never shows. `att`, `w`: `[B, P + R]`.
+    """
+    if share <= 0:
+        return
+    B, R = w.shape[0], w.shape[1] - P
+    loss_at = w[:, P:] > 0
+    rows = (torch.rand(B, generator=gen) < share) & loss_at.any(1)
+    first = loss_at.float().argmax(1)
+    c = first + 1 + (torch.rand(B, generator=gen) * (R - first)).long().clamp(max=R - first - 1)
+    keep = torch.arange(R)[None, :] < c[:, None]
+    keep |= ~rows[:, None]
+    before = w[:, P:].sum(1, keepdim=True)
+    w[:, P:] *= keep
+    w[:, P:] *= before / w[:, P:].sum(1, keepdim=True).clamp_min(1e-12)
+    att[:, P:] *= keep.to(att.dtype)
+
+
 @torch.no_grad()
 def order_rollout(model, x: torch.Tensor, clean: torch.Tensor, att: torch.Tensor, w: torch.Tensor, P: int,
                   rows: list[int], mask_id: int, eos_id: int, rng: random.Random, chunk: int = 4,
@@ -765,6 +789,11 @@ def main(argv=None):
     ap.add_argument("--init", default=None, help="resume weights (and tokenizer) from a checkpoint dir")
     ap.add_argument("--restart-positions", type=int, default=1,
                     help="1: rotary positions restart after the prompt separator (see dlm_position_ids)")
+    ap.add_argument("--prompt-causal", action="store_true",
+                    help="the prompt attends only to itself (config prompt_attends_response=False): "
+                         "a prompt KV cache becomes exact")
+    ap.add_argument("--cut-trailing", type=float, default=0.0,
+                    help="share of rows cut after a random response position (see cut_trailing_rows)")
     ap.add_argument("--word-min-count", type=int, default=3,
                     help="words seen this often in training data become single tokens (0: characters only)")
     args = ap.parse_args(argv)
@@ -797,6 +826,8 @@ def main(argv=None):
         model = TinyDLMModel.from_pretrained(args.init, dtype=torch.float32)
     else:
         model = TinyDLMModel(cfg)
+    if args.prompt_causal:
+        model.config.prompt_attends_response = False
     device = torch.device(args.device)
     model.to(device)
     model.train()
@@ -838,6 +869,7 @@ def main(argv=None):
             rows = rollout_rows([task.name for task, _ in row_examples], rollout_tasks, args.order_rollout, rng)
             order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng,
                           commit_cap=args.rollout_commits)
+        cut_trailing_rows(att, w, P, args.cut_trailing, gen)
         logits = model(x, attention_mask=att).logits
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), clean.view(-1), reduction="none").view_as(w)
         if args.soft_random_targets:

@@ -51,7 +51,8 @@ class SamplerSpec:
     `refresh=N` (with a cache) rebuilds it by a full forward every N steps inside a block
     (`generate(cache_refresh_every=N)`; 0, the default, at block starts only);
     `cut=1` feeds the model only up to the current block's end (`generate(cut_trailing_masks=True)`,
-    an approximation for bidirectional models); other
+    an approximation for bidirectional models); `block=N` runs this entry at block length N instead of
+    the run's `--block-length` (either engine; N must divide `--gen-length`); other
     keys override the sampler's config (`threshold:tau=0.7`) or, for the diffusers baselines, the
     pipeline's keywords (`diffusers-llada2:threshold=0.9`). `label` is the entry as written.
     """
@@ -63,6 +64,7 @@ class SamplerSpec:
     cache_across_blocks: bool = False
     cut_trailing_masks: bool = False
     cache_refresh_every: int = 0
+    block_length: int | None = None
 
     @property
     def is_diffusers(self) -> bool:
@@ -71,6 +73,10 @@ class SamplerSpec:
     @property
     def option_dict(self) -> dict:
         return dict(self.options)
+
+    def block_for(self, cfg) -> int:
+        """This entry's block length: its own `block=N`, else the run's `--block-length`."""
+        return self.block_length or cfg.block_length
 
 
 def _flag(key: str, value: str, entry: str) -> bool:
@@ -95,7 +101,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         name, *opts = entry.split(":")
         if name not in known:
             raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(known)}")
-        options, kv, xblock, cut, refresh = [], None, False, False, 0
+        options, kv, xblock, cut, refresh, block = [], None, False, False, 0, None
         for opt in opts:
             if "=" not in opt:
                 raise ValueError(f"sampler option {opt!r} in {entry!r} must be key=value")
@@ -112,13 +118,17 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                 if not value.isdigit():
                     raise ValueError(f"refresh={value!r} in {entry!r}: must be a whole number of steps (0 = block starts only)")
                 refresh = int(value)
+            elif key == "block":
+                if not value.isdigit() or int(value) == 0:
+                    raise ValueError(f"block={value!r} in {entry!r}: must be a positive whole number of tokens")
+                block = int(value)
             else:
                 options.append((key, parse_option_value(value)))
         if entry in seen:
             raise ValueError(f"sampler {entry!r} is listed twice")
         seen.add(entry)
         spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv, cache_across_blocks=xblock,
-                           cut_trailing_masks=cut, cache_refresh_every=refresh)
+                           cut_trailing_masks=cut, cache_refresh_every=refresh, block_length=block)
         if cut and spec.is_diffusers:
             raise ValueError(f"{entry!r}: cut=1 is an option of our engine; diffusers' pipeline always cuts at the block end")
         if xblock and (spec.is_diffusers or kv in (None, "none")):
@@ -431,7 +441,7 @@ class _Runner:
             opts.setdefault("eos_early_stop", cfg.eos_early_stop)
             opts.update(spec.option_dict)
             out = run_llada2(pipe, wrapper, input_ids, attention_mask, gen_length=cfg.gen_length,
-                             block_length=cfg.block_length, steps=budget, temperature=cfg.temperature,
+                             block_length=spec.block_for(cfg), steps=budget, temperature=cfg.temperature,
                              generator=generator, options=opts, mask_token_id=self.mask_id, eos_token_id=self.eos_id)
             per_row = [out.nfe] * input_ids.shape[0]
             return out.sequences, per_row, out.nfe, out.forward_tokens, out.seconds, per_row, None
@@ -455,7 +465,7 @@ class _Runner:
             out = hex_generate(self.model, input_ids, gen_length=cfg.gen_length, steps=budget, config=policy.config,
                                extract=extract, **kw)
         else:
-            out = dlm.generate(self.model, input_ids, gen_length=cfg.gen_length, block_length=cfg.block_length,
+            out = dlm.generate(self.model, input_ids, gen_length=cfg.gen_length, block_length=spec.block_for(cfg),
                                steps=budget, sampler=policy, cache_across_blocks=spec.cache_across_blocks,
                                cut_trailing_masks=spec.cut_trailing_masks, **kw)
         gen = out.sequences[:, input_ids.shape[1]:]
@@ -478,6 +488,21 @@ def _expert_summary(scores: dict, n: int) -> dict:
     return {"expert_quality": quality, "best_expert_quality": max(quality.values())}
 
 
+def check_spec_blocks(specs: list[SamplerSpec], cfg: BenchConfig, budgets: list[int]) -> None:
+    """ValueError, before any work, for an entry whose `block=N` does not divide `--gen-length` or
+    leaves a budget below its number of blocks (each block needs at least one step)."""
+    for spec in specs:
+        if spec.block_length is None:
+            continue
+        block = spec.block_length
+        if cfg.gen_length % block:
+            raise ValueError(f"{spec.label!r}: block={block} must divide --gen-length ({cfg.gen_length})")
+        small = [b for b in budgets if b < cfg.gen_length // block]
+        if small:
+            raise ValueError(f"{spec.label!r}: --steps {small} below its number of blocks "
+                             f"({cfg.gen_length // block} of {block} tokens); raise the steps or the block")
+
+
 def _engine_key(spec: SamplerSpec, cfg: BenchConfig) -> str:
     return "diffusers" if spec.is_diffusers else f"dlm/{spec.kv_cache or cfg.kv_cache}"
 
@@ -488,6 +513,8 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
     cfg.validate(check_steps=oracle_suite is None)  # an oracle fixes its own lengths
     specs = parse_sampler_specs(cfg.samplers)
     budgets = parse_steps(cfg.steps)
+    if oracle_suite is None:
+        check_spec_blocks(specs, cfg, budgets)
     if oracle_suite is not None:
         return _run_oracle(cfg, oracle_suite, specs, budgets, progress)
     tasks = resolve_suite(cfg.suite, cfg.extractor)
@@ -640,6 +667,9 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
     if bad:
         raise ValueError(f"{', '.join(bad)}: diffusers' pipeline cannot run an oracle suite (its window "
                          f"drops the masked future the oracle conditions on); use dlm samplers")
+    bad = [s.label for s in specs if s.block_length is not None]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: an oracle suite fixes its own block length; drop block=")
     oracle = suite.build()
     gen = oracle.gen_length
     block = cfg.block_length if gen % cfg.block_length == 0 else gen

@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--samplers", default="confidence,threshold",
                    help="comma-separated entries name[:key=value...]; kv=none|prefix|dual picks the cache per entry, "
                         "xblock=1 extends it across blocks, refresh=N rebuilds it every N steps, cut=1 cuts the window "
-                        "at the block end; "
+                        "at the block end, block=N sets the entry's block length (either engine); "
                         "diffusers-llada2 and diffusers-llada2-thr run diffusers' LLaDA2Pipeline (default: confidence,threshold)")
     p.add_argument("--steps", default="8,16,32,64", help="comma-separated forward-pass budgets (default: 8,16,32,64)")
     p.add_argument("--limit", type=_limit, default=None,

@@ -29,6 +29,7 @@ class TinyDLMConfig(PretrainedConfig):
         pad_token_id: int = 0,
         tie_word_embeddings: bool = True,
         position_restart_token_id: int | None = None,
+        prompt_attends_response: bool = True,
         **kwargs,
     ):
         if hidden_size % num_attention_heads:
@@ -53,6 +54,12 @@ class TinyDLMConfig(PretrainedConfig):
         # When set, rotary positions restart at 0 after the first occurrence of this token (the
         # prompt/response separator): see `TinyDLMModel.dlm_position_ids`.
         self.position_restart_token_id = position_restart_token_id
+        # When False (needs position_restart_token_id), prompt positions, through the separator,
+        # attend only to the prompt: their K/V never depend on the response, so a prompt KV cache
+        # is exact (see `TinyDLMModel.forward`).
+        if not prompt_attends_response and position_restart_token_id is None:
+            raise ValueError("prompt_attends_response=False needs position_restart_token_id (the separator)")
+        self.prompt_attends_response = prompt_attends_response
         super().__init__(
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,

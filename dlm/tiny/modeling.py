@@ -6,6 +6,11 @@ mask masks keys only (left padding). It supports the two KV-cache modes of Fast-
 `cache_window=(s, e)`: the caller passes K/V of all `L` positions and only the window's tokens; the
 window's new K/V replace slots `s:e` of a copy of the cache and the window queries attend over all
 `L` keys. Prefix cache is the window `(s, L)`, dual cache the window of one block.
+
+With `config.prompt_attends_response = False` the prompt (through the first separator token) attends
+only to itself, the response to everything: the prompt's K/V then never change while the response is
+decoded, so caching them is exact rather than Fast-dLLM's approximation. Windowed calls must then start
+after the separator (the decoding driver's windows always start at or after the response start).
 """
 from __future__ import annotations
 
@@ -187,6 +192,24 @@ class TinyDLMModel(TinyDLMPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
+    def _first_separator(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Index `[B]` of each row's first separator token (`L` where a row has none)."""
+        B, L = input_ids.shape
+        is_sep = input_ids == self.config.position_restart_token_id
+        return torch.where(is_sep.any(dim=1), is_sep.float().argmax(dim=1).long(),
+                           torch.full((B,), L, device=input_ids.device, dtype=torch.long))
+
+    def _prompt_only_mask(self, input_ids: torch.Tensor, key_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """Boolean attention mask `[B, 1, L, L]` (True = may attend) of a full call with
+        `prompt_attends_response=False`: queries at or before the first separator do not see keys
+        after it. Rows without a separator are all prompt (no restriction)."""
+        B, L = input_ids.shape
+        first = self._first_separator(input_ids)[:, None, None, None]  # [B, 1, 1, 1]
+        pos = torch.arange(L, device=input_ids.device)
+        blocked = (pos[:, None] <= first) & (pos[None, :] > first)  # [B, 1, L, L]: query row, key column
+        allowed = ~blocked
+        return allowed if key_mask is None else allowed & key_mask
+
     def dlm_position_ids(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Rotary positions `[B, L]` for a full sequence `input_ids [B, L]`.
 
@@ -202,8 +225,7 @@ class TinyDLMModel(TinyDLMPreTrainedModel):
         sep = self.config.position_restart_token_id
         if sep is None:
             return base
-        is_sep = input_ids == sep
-        first = torch.where(is_sep.any(dim=1), is_sep.float().argmax(dim=1), torch.full((B,), L, device=input_ids.device))
+        first = self._first_separator(input_ids)
         after = torch.arange(L, device=input_ids.device).unsqueeze(0) > first.unsqueeze(1)
         sep_position = base.gather(1, first.clamp(max=L - 1).unsqueeze(1))
         return torch.where(after, base - sep_position - 1, base)
@@ -259,6 +281,8 @@ class TinyDLMModel(TinyDLMPreTrainedModel):
                     f"attention_mask must be the full [B, L] = {(B, L)}, got "
                     f"{tuple(attention_mask.shape)}")
             key_mask = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, L]: keys only
+        if not getattr(self.config, "prompt_attends_response", True) and window is None:
+            key_mask = self._prompt_only_mask(input_ids, key_mask)
 
         h = self.embed_tokens(input_ids)
         cos, sin = _rotary(position_ids, self.config.hidden_size // self.config.num_attention_heads,

@@ -111,6 +111,39 @@ def test_refresh_spec_rebuilds_the_cache_and_refresh_1_is_the_uncached_engine(ti
     assert cached["forward_tokens"] < refreshed["forward_tokens"]  # without refresh the cache saves positions
 
 
+
+def test_block_spec_runs_an_entry_at_its_own_block_length_on_either_engine(tiny_dir, tmp_path, capsys):
+    (d,) = parse_sampler_specs("threshold:kv=dual:block=4")
+    assert d.block_length == 4 and d.option_dict == {}
+    for bad in ("threshold:block=0", "threshold:block=x", "diffusers-llada2:block=-4"):
+        with pytest.raises(ValueError, match="block"):
+            parse_sampler_specs(bad)
+    common = ["--model", tiny_dir, "--suite", "copy", "--steps", "8", "--limit", "4", "--gen-length", "16",
+              "--json", "--no-plots"]
+    runs = {}
+    for name, samplers, block in (("mixed", "confidence:block=4,diffusers-llada2:block=4", "8"),
+                                  ("plain", "confidence,diffusers-llada2", "4")):
+        rc = main(["bench", *common, "--samplers", samplers, "--block-length", block, "--out", str(tmp_path / name)])
+        assert rc == 0, capsys.readouterr().err
+        runs[name] = {p["sampler"].split(":")[0]: p for p in json.loads((tmp_path / name / "results.json").read_text())["pairs"]}
+    # an entry's block=4 inside a run at --block-length 8 is the run at --block-length 4
+    for engine in ("confidence", "diffusers-llada2"):
+        mixed, plain = runs["mixed"][engine], runs["plain"][engine]
+        assert [s["output"] for s in mixed["samples"]] == [s["output"] for s in plain["samples"]]
+        assert mixed["nfe"] == plain["nfe"] and mixed["forward_tokens"] == plain["forward_tokens"]
+
+
+@pytest.mark.parametrize("samplers, steps, needle", [
+    ("confidence:block=3", "8", "block=3 must divide --gen-length (16)"),
+    ("confidence:block=4", "2,8", "--steps [2] below its number of blocks (4 of 4 tokens)"),
+])
+def test_block_spec_errors_before_any_work(samplers, steps, needle, tiny_dir, tmp_path, capsys):
+    rc = main(["bench", "--model", tiny_dir, "--suite", "copy", "--samplers", samplers, "--steps", steps, "--limit", "1",
+               "--gen-length", "16", "--block-length", "8", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "results.json").exists()
+
 class _CountCalls:
     def __init__(self, module):
         self.n, self.lengths = 0, []

@@ -107,3 +107,51 @@ def test_windowed_call_without_positions_is_refused(restart_model):
     _, cache = dlm.DLMAdapter.wrap(model).full(x, None, None, use_cache=True)
     with pytest.raises(ValueError, match="dlm_position_ids"):
         model(x[:, 3:], past_key_values=cache, cache_window=(3, 6))
+
+
+@pytest.fixture(scope="module")
+def prompt_only_model():
+    """The restart model's architecture with `prompt_attends_response=False`."""
+    torch.manual_seed(0)
+    tok = TinyCharTokenizer()
+    config = TinyDLMConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=128, position_restart_token_id=tok.encode("\n")[0],
+                           prompt_attends_response=False)
+    return TinyDLMModel(config).eval(), tok
+
+
+def test_prompt_attends_response_needs_a_separator():
+    with pytest.raises(ValueError, match="position_restart_token_id"):
+        TinyDLMConfig(prompt_attends_response=False)
+    assert TinyDLMConfig().prompt_attends_response is True  # bidirectional unless asked
+
+
+def test_prompt_logits_ignore_the_response(prompt_only_model, restart_model):
+    """Changing a response token moves every response logit's input but no prompt position's."""
+    model, tok = prompt_only_model
+    x = torch.tensor([tok.encode("copy: ab\n") + [1, 1, 1, 1]])
+    y = x.clone()
+    y[0, -2] = tok.encode("z")[0]
+    P = len(tok.encode("copy: ab\n"))
+    a, b = model(x).logits, model(y).logits
+    torch.testing.assert_close(a[:, :P], b[:, :P], atol=0, rtol=0)
+    assert not torch.allclose(a[:, P:], b[:, P:])
+    # the same weights with a bidirectional prompt: the prompt does see the response
+    bidirectional, _ = restart_model
+    assert not torch.allclose(bidirectional(x).logits[:, :P], bidirectional(y).logits[:, :P])
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_prompt_cache_is_exact_when_the_prompt_ignores_the_response(prompt_only_model, cut):
+    """One block: the cached prompt K/V are what a fresh forward computes, so a prefix cache that is
+    never refreshed inside the block decodes exactly like no cache (with or without the cut)."""
+    model, tok = prompt_only_model
+    prompts = [tok.encode("copy: ana bo\n"), tok.encode("sort: tom\n")]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = (ids != 0).long()
+    kw = dict(gen_length=8, block_length=8, steps=8, attention_mask=mask, cut_trailing_masks=cut)
+    plain = dlm.generate(model, ids, **kw)
+    cached = dlm.generate(model, ids, kv_cache="prefix", return_trace=True, **kw)
+    assert torch.equal(plain.sequences, cached.sequences)
+    assert [t.full_forward for t in cached.trace].count(True) == 1  # the cache was used, not rebuilt

@@ -301,3 +301,28 @@ def test_soft_targets_cover_hidden_name_slots_of_random_edits_only(train_script)
         x, _, _, _, P = train_script.build_batch(tasks, [1.0] * len(tasks), char_tok, rng, batch_size=48, semi_ar=0.0,
                                                  no_sep=0.0, gen=gen, row_examples=(rows_of_char := []))
         train_script.soft_answer_targets(x, P, rows_of_char, char_tok, char_tok.mask_token_id)
+
+
+def test_cut_trailing_rows_hide_a_tail_keep_some_loss_and_each_rows_total(train_script):
+    tasks = get_suite("all")
+    tok = TinyCharTokenizer()
+    rng, gen = random.Random(3), torch.Generator().manual_seed(3)
+    x, clean, att, w, P = train_script.build_batch(tasks, [1.0] * len(tasks), tok, rng, batch_size=64, semi_ar=0.4,
+                                                   no_sep=0.0, gen=gen, loss_weighting="row-mean")
+    att0, w0 = att.clone(), w.clone()
+    train_script.cut_trailing_rows(att, w, P, share=0.5, gen=torch.Generator().manual_seed(4))
+    assert torch.equal(att[:, :P], att0[:, :P])  # the prompt is never cut
+    cut = (att[:, P:] == 0).any(1)
+    assert 10 < int(cut.sum()) < 54  # about half the rows
+    for i in range(x.shape[0]):
+        kept = att[i, P:].bool()
+        if cut[i]:
+            c = int(kept.sum())
+            assert kept[:c].all() and not kept[c:].any()  # one contiguous tail is hidden
+            assert (w[i, P + c:] == 0).all() and (w[i, P:P + c] > 0).any()  # no loss on it; some loss kept
+        else:
+            assert torch.equal(w[i], w0[i])
+        torch.testing.assert_close(w[i].sum(), w0[i].sum())  # each row keeps its total weight
+    untouched_att, untouched_w = att0.clone(), w0.clone()
+    train_script.cut_trailing_rows(untouched_att, untouched_w, P, share=0.0, gen=gen)
+    assert torch.equal(untouched_att, att0) and torch.equal(untouched_w, w0)
