@@ -17,7 +17,7 @@ from dlm.adapters import DLMAdapter
 from dlm.schedule import block_budget, tokens_this_step, validate_lengths
 from samplers import Sampler, StepContext, get_sampler
 
-KV_CACHE_MODES = ("none", "prefix", "dual")
+KV_CACHE_MODES = ("none", "prefix", "dual", "prompt")
 
 
 @dataclass
@@ -100,6 +100,8 @@ def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, c
 def _check_cache_reuse(cache_across_blocks: bool, kv_cache: str) -> None:
     if cache_across_blocks and kv_cache == "none":
         raise ValueError("cache_across_blocks=True needs a KV cache: pass kv_cache='prefix' or 'dual'")
+    if cache_across_blocks and kv_cache == "prompt":
+        raise ValueError("kv_cache='prompt' already keeps its cache across blocks; drop cache_across_blocks")
 
 
 class _BlockForward:
@@ -135,8 +137,12 @@ class _BlockForward:
         other rows' logits are zeros."""
         a = self.adapter
         full = self.mode == "none" or step == 0 or (self.refresh_every and step % self.refresh_every == 0)
+        if self.mode == "prompt" and self.carried is not None and not (self.refresh_every and step % self.refresh_every == 0):
+            full = False  # the prompt's K/V came with the block: every step is a window over the response
+            if self.cache is None:
+                self.cache, self.cache_rows = self.carried[0], None
         x_in, mask, pos = self._inputs(x, end, live)
-        if full and step == 0 and self.carried is not None:
+        if full and step == 0 and self.carried is not None and self.mode != "prompt":
             raw, lo = self._extend(x_in, mask, pos)
             logits = a.align(raw, lo, start, end)
         elif full:
@@ -145,8 +151,7 @@ class _BlockForward:
             if self.hidden is not None:  # hidden-state hook: aligned like the logits
                 self.hidden = a.align(self.hidden, 0, start, end)
         else:
-            shift = 1 if a.shift_logits else 0
-            lo, hi = start - shift, (x_in.shape[1] if self.mode == "prefix" else end)
+            lo, hi = self._window(x_in.shape[1], start, end)
             raw = a.window(x_in, self._cache_for(live), lo, hi, mask, pos)
             self.forward_tokens += x_in.shape[0] * (hi - lo)
             logits = a.align(raw, lo, start, end)
@@ -159,6 +164,14 @@ class _BlockForward:
             hidden[live] = self.hidden
             self.hidden = hidden
         return out, full
+
+    def _window(self, length: int, start: int, end: int) -> tuple[int, int]:
+        """Positions `(lo, hi)` a cached step recomputes, for an input of `length` positions: the
+        block for "dual", the block to the end for "prefix", the whole response for "prompt"."""
+        shift = 1 if self.adapter.shift_logits else 0
+        if self.mode == "prompt":
+            return self.prompt_length - shift, length
+        return start - shift, (length if self.mode == "prefix" else end)
 
     def _inputs(self, x, end, live):
         """The model's input: `x`, its attention mask and positions, cut to `:end` for a
@@ -202,8 +215,7 @@ class _BlockForward:
             return a.align(self._full(x, mask, pos, keep_cache=False), 0, start, end)
         if self._repeated is None or self._repeated[0] != k:
             self._repeated = (k, _repeat_cache_rows(self.cache, k))
-        shift = 1 if a.shift_logits else 0
-        lo, hi = start - shift, (x.shape[1] if self.mode == "prefix" else end)
+        lo, hi = self._window(x.shape[1], start, end)
         raw = a.window(x, self._repeated[1], lo, hi, mask, pos)
         self.forward_tokens += x.shape[0] * (hi - lo)
         return a.align(raw, lo, start, end)
@@ -230,6 +242,8 @@ class _BlockForward:
         if use_cache:
             if cache is None:
                 raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
+            if self.mode == "prompt":  # only the prompt's K/V are kept: they never go stale
+                cache = _slice_cache(cache, self.prompt_length - (1 if a.shift_logits else 0))
             self.cache, self._repeated, self.cache_rows = cache, None, live
         return raw
 
@@ -246,6 +260,16 @@ def _repeat_cache_rows(cache, k: int):
     raise ValueError(
         f"a lookahead sampler cannot share a {type(cache).__name__} KV cache between its candidates "
         f"(needs nested tuples of tensors); use kv_cache='none' with this model")
+
+
+def _slice_cache(cache, length: int):
+    """The first `length` positions of a KV cache of nested tuples/lists of `[B, H, L, D]` tensors
+    (the windowed-cache contract of `dlm.tiny.TinyDLMModel`)."""
+    if isinstance(cache, torch.Tensor):
+        return cache[:, :, :length]
+    if isinstance(cache, (tuple, list)):
+        return type(cache)(_slice_cache(c, length) for c in cache)
+    raise ValueError(f"kv_cache='prompt' cannot slice a {type(cache).__name__} cache; use 'prefix' or 'dual'")
 
 
 def _select(x, mask, pos, end, live):
@@ -413,10 +437,15 @@ def generate(
         temperature: 0 is greedy; > 0 samples with Gumbel-max in float64 using `generator`.
         mask_token_id / eos_token_id: taken from the model config when not given.
         attention_mask: `[B, P]`, 1 for real prompt tokens, 0 for left padding.
-        kv_cache: "none", "prefix" or "dual" (Fast-dLLM); needs a model with
+        kv_cache: "none", "prefix" or "dual" (Fast-dLLM), or "prompt"; needs a model with
             `supports_dlm_kv_cache`. The cache is rebuilt by a full forward at every block start and
             every `cache_refresh_every` steps inside a block (0: block starts only; 1: every step,
-            which reproduces the no-cache output exactly).
+            which reproduces the no-cache output exactly). "prompt" keeps only the prompt's K/V, from
+            one full forward for the whole generation (and every `cache_refresh_every` steps), and
+            recomputes the whole response (up to the block end with `cut_trailing_masks`) at every
+            step: exact for a model whose prompt does not attend to the response (the tiny model's
+            `prompt_attends_response=False`), the prefix cache's approximation, confined to the
+            prompt, otherwise.
         cache_across_blocks: with a KV cache, start each block after the first by extending the
             previous block's cache instead of a full forward: only the previous block (now decoded)
             and what follows it are recomputed, the prompt's and earlier blocks' K/V are reused.
@@ -579,7 +608,7 @@ def generate(
                     trace.append(record)
             step += 1
         forward_tokens += forward.forward_tokens
-        if cache_across_blocks and not forward.cut:  # a cut forward's cache ends at `end`
+        if kv_cache == "prompt" or (cache_across_blocks and not forward.cut):  # a cut forward's cache ends at `end`
             previous = (forward, rows, start)
         steps_per_block.append(used)
         steps_left -= used

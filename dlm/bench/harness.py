@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from dlm.bench.diffusers_llada2 import BASELINES, build_pipeline, run_llada2
 
-KV_MODES = ("none", "prefix", "dual")
+KV_MODES = ("none", "prefix", "dual", "prompt")
 
 
 # ----------------------------------------------------------------------------- sampler specs
@@ -46,7 +46,8 @@ KV_MODES = ("none", "prefix", "dual")
 class SamplerSpec:
     """One entry of `--samplers`: `name[:key=value[:key=value...]]`.
 
-    `kv=none|prefix|dual` picks the KV cache for this entry (else the run's `--kv-cache`);
+    `kv=none|prefix|dual|prompt` picks the KV cache for this entry (else the run's `--kv-cache`;
+    `prompt` caches only the prompt, see `dlm.generate`);
     `xblock=1` (with a cache) extends the cache from block to block (`generate(cache_across_blocks=True)`);
     `refresh=N` (with a cache) rebuilds it by a full forward every N steps inside a block
     (`generate(cache_refresh_every=N)`; 0, the default, at block starts only);
@@ -133,6 +134,8 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
             raise ValueError(f"{entry!r}: cut=1 is an option of our engine; diffusers' pipeline always cuts at the block end")
         if xblock and (spec.is_diffusers or kv in (None, "none")):
             raise ValueError(f"{entry!r}: xblock=1 extends a KV cache; add kv=prefix or kv=dual")
+        if xblock and kv == "prompt":
+            raise ValueError(f"{entry!r}: kv=prompt already keeps its cache across blocks; drop xblock=1")
         if refresh and (spec.is_diffusers or kv in (None, "none")):
             raise ValueError(f"{entry!r}: refresh={refresh} rebuilds a KV cache; add kv=prefix or kv=dual")
         if spec.is_diffusers and kv not in (None, "none"):

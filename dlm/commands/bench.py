@@ -29,7 +29,7 @@ def register(subparsers) -> None:
                    help="task suite (list_edits, arithmetic, puzzles, all), a task name (copy, shuffle, ...), "
                         "an oracle suite (oracle-permutation, oracle-hmm) or jsonl:PATH (default: list_edits)")
     p.add_argument("--samplers", default="confidence,threshold",
-                   help="comma-separated entries name[:key=value...]; kv=none|prefix|dual picks the cache per entry, "
+                   help="comma-separated entries name[:key=value...]; kv=none|prefix|dual|prompt picks the cache per entry, "
                         "xblock=1 extends it across blocks, refresh=N rebuilds it every N steps, cut=1 cuts the window "
                         "at the block end, block=N sets the entry's block length (either engine); "
                         "diffusers-llada2 and diffusers-llada2-thr run diffusers' LLaDA2Pipeline (default: confidence,threshold)")
@@ -39,7 +39,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, help="output directory (default: runs/bench-<suite>)")
     p.add_argument("--gen-length", type=positive_int, default=64, help="tokens to generate (default: 64)")
     p.add_argument("--block-length", type=positive_int, default=32, help="block size (default: 32)")
-    p.add_argument("--kv-cache", choices=("none", "prefix", "dual"), default="none",
+    p.add_argument("--kv-cache", choices=("none", "prefix", "dual", "prompt"), default="none",
                    help="KV cache for entries without kv= (default: none)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per batched call (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling (default: 0)")

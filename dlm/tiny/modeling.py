@@ -174,7 +174,8 @@ class TinyDLMModel(TinyDLMPreTrainedModel):
       `position_ids [B, L]` (default `arange(L)`); logits `[B, L, V]`.
     - With `past_key_values` (covering all L positions) and `cache_window=(s, e)`: `input_ids`
       holds `x[:, s:e]`, `position_ids [B, e-s]` (default `s..e-1`), `attention_mask` is still the
-      full `[B, L]`; logits `[B, e-s, V]`.
+      full `[B, L]`; logits `[B, e-s, V]`. A cache of exactly `s` positions (a prompt cache) means
+      the window is the rest of the sequence: `L = e`.
     """
 
     supports_dlm_kv_cache = True
@@ -252,10 +253,13 @@ class TinyDLMModel(TinyDLMPreTrainedModel):
                     f"past_key_values has {len(past_key_values)} layers, model has {len(self.layers)}")
             L = past_key_values[0][0].shape[2]
             s, e = (int(cache_window[0]), int(cache_window[1]))
+            if L == s and e - s == Lq:
+                L = e  # a cache of the first s positions only: the window is the rest of the sequence
             if not (0 <= s < e <= L) or e - s != Lq:
                 raise ValueError(
                     f"cache_window {cache_window} does not fit cache length {L} and "
-                    f"input_ids length {Lq} (need 0 <= s < e <= L and e - s == input length)")
+                    f"input_ids length {Lq} (need 0 <= s < e <= L and e - s == input length, or a "
+                    f"cache of exactly s positions)")
             window = (s, e)
             start = s
         else:

@@ -155,3 +155,75 @@ def test_prompt_cache_is_exact_when_the_prompt_ignores_the_response(prompt_only_
     cached = dlm.generate(model, ids, kv_cache="prefix", return_trace=True, **kw)
     assert torch.equal(plain.sequences, cached.sequences)
     assert [t.full_forward for t in cached.trace].count(True) == 1  # the cache was used, not rebuilt
+
+
+@pytest.mark.parametrize("cut", [False, True])
+@pytest.mark.parametrize("sampler", ["confidence", "threshold"])
+def test_prompt_cache_decodes_exactly_like_no_cache_over_several_blocks(prompt_only_model, cut, sampler):
+    """kv_cache='prompt' on a model whose prompt ignores the response: one full forward for the whole
+    generation, then windows over the response only, and the same output as the uncached engine."""
+    model, tok = prompt_only_model
+    prompts = [tok.encode("copy: ana bo\n"), tok.encode("sort: tom\n"), tok.encode("rev: a b c d\n")]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = (ids != 0).long()
+    kw = dict(gen_length=24, block_length=8, steps=12, sampler=sampler, attention_mask=mask, cut_trailing_masks=cut,
+              eos_early_stop=False)
+    plain = dlm.generate(model, ids, **kw)
+    cached = dlm.generate(model, ids, kv_cache="prompt", return_trace=True, **kw)
+    assert torch.equal(plain.sequences, cached.sequences) and plain.nfe == cached.nfe
+    assert [t.full_forward for t in cached.trace].count(True) == 1
+    assert cached.forward_tokens < plain.forward_tokens
+    # the response windows: every cached step recomputes exactly the positions after the prompt
+    if not cut:
+        assert cached.forward_tokens == 3 * (width + 24) + (cached.nfe - 1) * 3 * 24
+
+
+def test_prompt_cache_with_rows_leaving_at_eos_matches_no_cache(prompt_only_model):
+    """Rows that stop at EOS in different blocks leave the cache's batch; the rest decode unchanged."""
+    _, tok = prompt_only_model
+    torch.manual_seed(0)
+    model = TinyDLMModel(prompt_only_model[0].config).eval()
+    with torch.no_grad():  # larger weights than the init: varied outputs, so rows stop at different blocks
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.3)
+    prompts = [tok.encode("copy: ana bo\n"), tok.encode("sort: tom\n"), tok.encode("rev: a b c d\n")]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    kw = dict(gen_length=24, block_length=8, steps=24, attention_mask=(ids != 0).long(),
+              eos_token_id=tok.encode("6")[0], return_trace=True)
+    plain = dlm.generate(model, ids, **kw)
+    last_block = {}
+    for t in plain.trace:
+        for r in t.rows.tolist():
+            last_block[r] = t.block
+    assert sorted(last_block.values()) == [0, 1, 2]  # each row stops in a different block
+    assert torch.equal(plain.sequences, dlm.generate(model, ids, kv_cache="prompt", **kw).sequences)
+
+
+def test_prompt_cache_serves_lookahead_branches_exactly(prompt_only_model):
+    """LoPA's branch calls reuse the prompt's K/V (repeated per candidate): same output and counts."""
+    model, tok = prompt_only_model
+    ids = torch.tensor([tok.encode("copy: ana bo\n"), tok.encode("sort: tom bo\n")])
+    kw = dict(gen_length=16, block_length=8, steps=8, sampler="lopa")
+    plain, cached = dlm.generate(model, ids, **kw), dlm.generate(model, ids, kv_cache="prompt", **kw)
+    assert torch.equal(plain.sequences, cached.sequences)
+    assert (plain.nfe, plain.branch_forwards) == (cached.nfe, cached.branch_forwards) and cached.branch_forwards > plain.nfe
+    assert cached.forward_tokens < plain.forward_tokens
+
+
+def test_prompt_cache_is_an_approximation_on_a_bidirectional_model(restart_model):
+    model, tok = restart_model
+    ids = torch.tensor([tok.encode("copy: ana bo\n")])
+    kw = dict(gen_length=16, block_length=8, steps=16)
+    assert not torch.equal(dlm.generate(model, ids, **kw).sequences,
+                           dlm.generate(model, ids, kv_cache="prompt", **kw).sequences)
+    refreshed = dlm.generate(model, ids, kv_cache="prompt", cache_refresh_every=1, **kw)
+    assert torch.equal(dlm.generate(model, ids, **kw).sequences, refreshed.sequences)
+
+
+def test_prompt_cache_refuses_cache_across_blocks(prompt_only_model):
+    model, tok = prompt_only_model
+    with pytest.raises(ValueError, match="drop cache_across_blocks"):
+        dlm.generate(model, torch.tensor([tok.encode("ab\n")]), gen_length=8, kv_cache="prompt", cache_across_blocks=True)
