@@ -16,6 +16,13 @@ def train_script():
     return load_script("train_tiny_dlm.py")
 
 
+def _row_mean_batch(train_script, suite: str, tok, rng, gen, *, batch_size: int, semi_ar: float):
+    """One training batch of `suite` (every task weighted 1, row-mean loss weights)."""
+    tasks = get_suite(suite)
+    return train_script.build_batch(tasks, [1.0] * len(tasks), tok, rng, batch_size=batch_size, semi_ar=semi_ar,
+                                    no_sep=0.0, gen=gen, loss_weighting="row-mean")
+
+
 def test_training_batches_hold_only_train_split_prompts(train_script):
     tasks = get_suite("all")
     tok = TinyCharTokenizer()
@@ -250,11 +257,9 @@ def test_rollout_rows_follow_the_named_tasks_and_arithmetic_includes_its_drills(
 
 
 def test_order_rollout_blocks_cap_reaches_past_the_padding_of_short_answers(train_script):
-    tasks = get_suite("list_edits")
     tok = TinyCharTokenizer()
     rng, gen = random.Random(4), torch.Generator().manual_seed(4)
-    x, clean, att, w, P = train_script.build_batch(tasks, [1.0] * len(tasks), tok, rng, batch_size=48, semi_ar=0.0,
-                                                   no_sep=0.0, gen=gen, loss_weighting="row-mean")
+    x, clean, att, w, P = _row_mean_batch(train_script, "list_edits", tok, rng, gen, batch_size=48, semi_ar=0.0)
     model = _LaterIsSurer(tok.vocab_size)
     rows = list(range(48))
     train_script.order_rollout(model, x, clean, att, w, P, rows, tok.mask_token_id, tok.eos_token_id, rng, chunk=4,
@@ -304,11 +309,9 @@ def test_soft_targets_cover_hidden_name_slots_of_random_edits_only(train_script)
 
 
 def test_cut_trailing_rows_hide_a_tail_keep_some_loss_and_each_rows_total(train_script):
-    tasks = get_suite("all")
     tok = TinyCharTokenizer()
     rng, gen = random.Random(3), torch.Generator().manual_seed(3)
-    x, clean, att, w, P = train_script.build_batch(tasks, [1.0] * len(tasks), tok, rng, batch_size=64, semi_ar=0.4,
-                                                   no_sep=0.0, gen=gen, loss_weighting="row-mean")
+    x, clean, att, w, P = _row_mean_batch(train_script, "all", tok, rng, gen, batch_size=64, semi_ar=0.4)
     att0, w0 = att.clone(), w.clone()
     train_script.cut_trailing_rows(att, w, P, share=0.5, gen=torch.Generator().manual_seed(4))
     assert torch.equal(att[:, :P], att0[:, :P])  # the prompt is never cut
