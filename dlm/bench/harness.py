@@ -516,10 +516,9 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
     cfg.validate(check_steps=oracle_suite is None)  # an oracle fixes its own lengths
     specs = parse_sampler_specs(cfg.samplers)
     budgets = parse_steps(cfg.steps)
-    if oracle_suite is None:
-        check_spec_blocks(specs, cfg, budgets)
     if oracle_suite is not None:
         return _run_oracle(cfg, oracle_suite, specs, budgets, progress)
+    check_spec_blocks(specs, cfg, budgets)
     tasks = resolve_suite(cfg.suite, cfg.extractor)
     examples = collect_examples(tasks, cfg.limit, cfg.seed)
     ids = {}
