@@ -136,11 +136,11 @@ class _BlockForward:
         `x` is `[R, L]`; with `live` (`[R']` sorted row indices) only those rows are forwarded and the
         other rows' logits are zeros."""
         a = self.adapter
-        full = self.mode == "none" or step == 0 or (self.refresh_every and step % self.refresh_every == 0)
-        if self.mode == "prompt" and self.carried is not None and not (self.refresh_every and step % self.refresh_every == 0):
-            full = False  # the prompt's K/V came with the block: every step is a window over the response
-            if self.cache is None:
-                self.cache, self.cache_rows = self.carried[0], None
+        if self.mode == "prompt" and self.carried is not None and self.cache is None:
+            # the prompt's K/V came with the block: every step is a window over the response
+            self.cache, self.cache_rows = self.carried[0], None
+        refresh = bool(self.refresh_every) and step % self.refresh_every == 0
+        full = self.mode == "none" or refresh or (step == 0 and self.cache is None)
         x_in, mask, pos = self._inputs(x, end, live)
         if full and step == 0 and self.carried is not None and self.mode != "prompt":
             raw, lo = self._extend(x_in, mask, pos)
@@ -168,10 +168,15 @@ class _BlockForward:
     def _window(self, length: int, start: int, end: int) -> tuple[int, int]:
         """Positions `(lo, hi)` a cached step recomputes, for an input of `length` positions: the
         block for "dual", the block to the end for "prefix", the whole response for "prompt"."""
-        shift = 1 if self.adapter.shift_logits else 0
         if self.mode == "prompt":
-            return self.prompt_length - shift, length
+            return self._response_start(), length
+        shift = 1 if self.adapter.shift_logits else 0
         return start - shift, (length if self.mode == "prefix" else end)
+
+    def _response_start(self) -> int:
+        """First position whose logits the response needs (one earlier for shifted models): where
+        the prompt cache ends."""
+        return self.prompt_length - (1 if self.adapter.shift_logits else 0)
 
     def _inputs(self, x, end, live):
         """The model's input: `x`, its attention mask and positions, cut to `:end` for a
@@ -243,7 +248,7 @@ class _BlockForward:
             if cache is None:
                 raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
             if self.mode == "prompt":  # only the prompt's K/V are kept: they never go stale
-                cache = _slice_cache(cache, self.prompt_length - (1 if a.shift_logits else 0))
+                cache = _slice_cache(cache, self._response_start())
             self.cache, self._repeated, self.cache_rows = cache, None, live
         return raw
 

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dlm.generate import KV_CACHE_MODES  # noqa: E402
 from dlm.tasks import SUITES, get_suite  # noqa: E402
 from dlm.tiny import BUILTIN_MODELS, load_tiny_dlm  # noqa: E402
 
@@ -152,7 +153,7 @@ def main(argv=None):
     ap.add_argument("--steps", default="64",
                     help="forward-pass budget(s), comma-separated, e.g. 64,32,16,8 (TPF 1, 2, 4, 8)")
     ap.add_argument("--sampler", default="confidence")
-    ap.add_argument("--kv-cache", default="none", choices=["none", "prefix", "dual", "prompt"])
+    ap.add_argument("--kv-cache", default="none", choices=list(KV_CACHE_MODES))
     ap.add_argument("--eos-stop", action="store_true",
                     help="stop decoding a row once a finished block holds EOS (eos_early_stop)")
     ap.add_argument("--loop", default="generate", choices=["generate", "simple"],

@@ -37,8 +37,8 @@ import torch
 from tqdm.auto import tqdm
 
 from dlm.bench.diffusers_llada2 import BASELINES, build_pipeline, run_llada2
+from dlm.generate import KV_CACHE_MODES
 
-KV_MODES = ("none", "prefix", "dual", "prompt")
 
 
 # ----------------------------------------------------------------------------- sampler specs
@@ -108,8 +108,8 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                 raise ValueError(f"sampler option {opt!r} in {entry!r} must be key=value")
             key, value = opt.split("=", 1)
             if key == "kv":
-                if value not in KV_MODES:
-                    raise ValueError(f"kv={value!r} in {entry!r}: must be one of {', '.join(KV_MODES)}")
+                if value not in KV_CACHE_MODES:
+                    raise ValueError(f"kv={value!r} in {entry!r}: must be one of {', '.join(KV_CACHE_MODES)}")
                 kv = value
             elif key == "xblock":
                 xblock = _flag(key, value, entry)
@@ -355,8 +355,8 @@ class BenchConfig:
     def validate(self, check_steps: bool = True) -> None:
         if self.gen_length <= 0 or self.block_length <= 0 or self.gen_length % self.block_length:
             raise ValueError(f"--gen-length ({self.gen_length}) must be a positive multiple of --block-length ({self.block_length})")
-        if self.kv_cache not in KV_MODES:
-            raise ValueError(f"--kv-cache must be one of {', '.join(KV_MODES)}, got {self.kv_cache!r}")
+        if self.kv_cache not in KV_CACHE_MODES:
+            raise ValueError(f"--kv-cache must be one of {', '.join(KV_CACHE_MODES)}, got {self.kv_cache!r}")
         if self.batch_size <= 0:
             raise ValueError(f"--batch-size must be positive, got {self.batch_size}")
         if self.limit is not None and self.limit < 0:

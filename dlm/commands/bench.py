@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from dlm.commands._common import check_output_dir, device_value, positive_int, temperature_value
+from dlm.commands._common import KV_CACHE_CHOICES, check_output_dir, device_value, positive_int, temperature_value
 
 
 def _limit(text: str) -> int:
@@ -39,7 +39,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, help="output directory (default: runs/bench-<suite>)")
     p.add_argument("--gen-length", type=positive_int, default=64, help="tokens to generate (default: 64)")
     p.add_argument("--block-length", type=positive_int, default=32, help="block size (default: 32)")
-    p.add_argument("--kv-cache", choices=("none", "prefix", "dual", "prompt"), default="none",
+    p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default="none",
                    help="KV cache for entries without kv= (default: none)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per batched call (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling (default: 0)")

@@ -285,7 +285,7 @@ class TinyDLMModel(TinyDLMPreTrainedModel):
                     f"attention_mask must be the full [B, L] = {(B, L)}, got "
                     f"{tuple(attention_mask.shape)}")
             key_mask = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, L]: keys only
-        if not getattr(self.config, "prompt_attends_response", True) and window is None:
+        if not self.config.prompt_attends_response and window is None:
             key_mask = self._prompt_only_mask(input_ids, key_mask)
 
         h = self.embed_tokens(input_ids)
