@@ -15,17 +15,18 @@ learned to copy from the prompt (0% on every task after 3,400 steps; on a toy co
 300 steps), while t ~ U(0.5, 1) with a plain mean reached 100% on the toy task by step 200. Fresh
 training-split examples are generated on the fly.
 
-The shipped checkpoint (dlm/tiny/checkpoints/tiny-dlm, "v2.5", 1.29M parameters, 6 layers) is
-stage 20 of a sequence of CPU runs (689 minutes on one thread in all), each started from the one
-before with `--init`. Every stage's command, its readings and the experiments that were not shipped
-are in docs/tiny_dlm_training.md. The last step (stage 20, from stage 18's end, 45 min):
+The shipped checkpoint (dlm/tiny/checkpoints/tiny-dlm, "v2.6", 1.29M parameters, 6 layers, the
+prompt cut off from the response) is stage 25d of a sequence of CPU runs (884 minutes on one thread
+in all), each started from the one before with `--init`. Every stage's command, its readings and the
+experiments that were not shipped are in docs/tiny_dlm_training.md. The last step (stage 25d, from
+stage 24d's end, 55 min):
 
-    python scripts/train_tiny_dlm.py --init <stage 18> --out /tmp/stage20 --max-minutes 45 \
-        --threads 1 --lr 1e-4 --warmup 50 --min-mask-ratio 0 --loss-weighting row-mean --arithmetic-format padded \
-        --arith-drill 12 --result-mask 0.4 --semi-ar 0.5 --semi-ar-blocks 1,2,4,8,16,32 --order-rollout 1.0 \
-        --soft-random-targets \
-        --task-weights reverse=1,sort=2,insert_index=1,remove_index=0.7,replace_index=1,shuffle=3,insert_random=2.5,replace_random=3,arithmetic=5,sudoku=1,latin=1 \
-        --seed 22 --save-every-min 10 --eval-every-min 1000
+    python scripts/train_tiny_dlm.py --init <stage 24d> --out /tmp/stage25d --max-minutes 55 \
+        --threads 1 --lr 2e-4 --warmup 30 --min-mask-ratio 0 --loss-weighting row-mean --arithmetic-format padded \
+        --arith-drill 4 --result-mask 0.4 --semi-ar 0.5 --semi-ar-blocks 1,2,4,8,16,32 --order-rollout 1.0 \
+        --soft-random-targets --prompt-causal --cut-trailing 0.3 \
+        --task-weights reverse=1,sort=3,insert_index=1,remove_index=0.7,replace_index=1,shuffle=8,insert_random=6,replace_random=6,arithmetic=2,sudoku=0.7,latin=0.7 \
+        --seed 50 --save-every-min 10 --eval-every-min 1000
 """
 from __future__ import annotations
 
