@@ -227,3 +227,22 @@ def test_prompt_cache_refuses_cache_across_blocks(prompt_only_model):
     model, tok = prompt_only_model
     with pytest.raises(ValueError, match="drop cache_across_blocks"):
         dlm.generate(model, torch.tensor([tok.encode("ab\n")]), gen_length=8, kv_cache="prompt", cache_across_blocks=True)
+
+
+def test_shipped_tiny_dlm_is_prompt_causal_and_its_prompt_cache_is_exact():
+    """The shipped checkpoint (v2.6) declares a prompt that ignores the response, and on real prompts
+    of every suite the prompt cache reproduces the uncached engine token for token (two blocks, rows
+    of different lengths stopping at EOS), with fewer forward tokens."""
+    model, tok = dlm.load("tiny-dlm")
+    assert model.config.prompt_attends_response is False
+    texts = ["reverse: ana bo cyd tom", "shuffle: cyd uma jo ana", "insert 2 mia: eli quin sal ned tom",
+             "leo has 5 eggs. he loses 1. he gets 9. how many?", "sudoku: 3... .4.2 2.14 412."]
+    prompts = [tok.encode_prompt(t) for t in texts]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    kw = dict(gen_length=64, block_length=32, steps=32, attention_mask=(ids != tok.pad_token_id).long())
+    for sampler in ("confidence", "threshold"):
+        plain = dlm.generate(model, ids, sampler=sampler, **kw)
+        cached = dlm.generate(model, ids, sampler=sampler, kv_cache="prompt", **kw)
+        assert torch.equal(plain.sequences, cached.sequences) and plain.nfe == cached.nfe
+        assert cached.forward_tokens < plain.forward_tokens
