@@ -120,6 +120,20 @@ class DLMAdapter:
         return bool(explicit)
 
     @property
+    def prompt_ignores_response(self) -> bool:
+        """True when the model declares that its prompt positions never attend to the response, so
+        their K/V are fixed for the whole generation and `kv_cache="prompt"` is exact: the tiny model's
+        `config.prompt_attends_response = False`, or `dlm_prompt_ignores_response = True` on any model
+        or its config. Never inferred (LLaDA and Dream prompts attend to everything)."""
+        explicit = getattr(self.model, "dlm_prompt_ignores_response", None)
+        config = _config_of(self.model)
+        if explicit is None and config is not None:
+            explicit = getattr(config, "dlm_prompt_ignores_response", None)
+            if explicit is None and getattr(config, "prompt_attends_response", None) is False:
+                explicit = True
+        return bool(explicit)
+
+    @property
     def vocab_size(self) -> int | None:
         config = _config_of(self.model)
         value = getattr(config, "vocab_size", None) if config is not None else None

@@ -17,7 +17,7 @@ from dlm.adapters import DLMAdapter
 from dlm.schedule import block_budget, tokens_this_step, validate_lengths
 from samplers import Sampler, StepContext, get_sampler
 
-KV_CACHE_MODES = ("none", "prefix", "dual", "prompt")
+KV_CACHE_MODES = ("none", "prefix", "dual", "prompt", "auto")
 
 
 @dataclass
@@ -91,14 +91,25 @@ def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, c
         raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
     if cfg_scale < 0:
         raise ValueError(f"cfg_scale must be >= 0 (0 turns guidance off), got {cfg_scale}")
-    if cfg_scale > 0 and kv_cache != "none":
+    if cfg_scale > 0 and kv_cache not in ("none", "auto"):
         raise ValueError("classifier-free guidance (cfg_scale > 0) is not supported with a KV cache; use kv_cache='none'")
     if cache_refresh_every < 0:
         raise ValueError(f"cache_refresh_every must be >= 0 (0 refreshes only at block starts), got {cache_refresh_every}")
 
 
+def resolve_kv_cache(kv_cache: str, adapter: DLMAdapter, *, cfg_scale: float = 0.0,
+                     needs_hidden_states: bool = False) -> str:
+    """The cache mode a call runs with: `kv_cache` itself, except "auto", which is the fastest exact
+    setting: "prompt" for a model that declares a prompt blind to the response (exact there), else
+    "none". Never an approximation, so "auto" gives the uncached engine's tokens on every model."""
+    if kv_cache != "auto":
+        return kv_cache
+    exact_prompt_cache = adapter.prompt_ignores_response and adapter.supports_kv_cache
+    return "prompt" if exact_prompt_cache and cfg_scale == 0 and not needs_hidden_states else "none"
+
+
 def _check_cache_reuse(cache_across_blocks: bool, kv_cache: str) -> None:
-    if cache_across_blocks and kv_cache == "none":
+    if cache_across_blocks and kv_cache in ("none", "auto"):
         raise ValueError("cache_across_blocks=True needs a KV cache: pass kv_cache='prefix' or 'dual'")
     if cache_across_blocks and kv_cache == "prompt":
         raise ValueError("kv_cache='prompt' already keeps its cache across blocks; drop cache_across_blocks")
@@ -450,7 +461,9 @@ def generate(
             recomputes the whole response (up to the block end with `cut_trailing_masks`) at every
             step: exact for a model whose prompt does not attend to the response (the tiny model's
             `prompt_attends_response=False`), the prefix cache's approximation, confined to the
-            prompt, otherwise.
+            prompt, otherwise. "auto": "prompt" where that is exact (the model declares a prompt
+            blind to the response, see `DLMAdapter.prompt_ignores_response`), "none" elsewhere;
+            always the uncached engine's tokens.
         cache_across_blocks: with a KV cache, start each block after the first by extending the
             previous block's cache instead of a full forward: only the previous block (now decoded)
             and what follows it are recomputed, the prompt's and earlier blocks' K/V are reused.
@@ -499,6 +512,7 @@ def generate(
     _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, cache_refresh_every)
     _check_cache_reuse(cache_across_blocks, kv_cache)
     adapter = DLMAdapter.wrap(model, mask_token_id=mask_token_id, eos_token_id=eos_token_id, shift_logits=shift_logits)
+    kv_cache = resolve_kv_cache(kv_cache, adapter, cfg_scale=cfg_scale, needs_hidden_states=policy.needs_hidden_states)
     if kv_cache != "none" and not adapter.supports_kv_cache:
         raise ValueError(f"kv_cache={kv_cache!r} needs a model with KV-cache support (supports_dlm_kv_cache); use kv_cache='none'")
     if eos_early_stop is None:

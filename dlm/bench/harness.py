@@ -132,7 +132,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                            cut_trailing_masks=cut, cache_refresh_every=refresh, block_length=block)
         if cut and spec.is_diffusers:
             raise ValueError(f"{entry!r}: cut=1 is an option of our engine; diffusers' pipeline always cuts at the block end")
-        if xblock and (spec.is_diffusers or kv in (None, "none")):
+        if xblock and (spec.is_diffusers or kv in (None, "none", "auto")):
             raise ValueError(f"{entry!r}: xblock=1 extends a KV cache; add kv=prefix or kv=dual")
         if xblock and kv == "prompt":
             raise ValueError(f"{entry!r}: kv=prompt already keeps its cache across blocks; drop xblock=1")

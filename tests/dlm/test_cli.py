@@ -29,6 +29,16 @@ def test_sample_json_has_the_promised_fields(capsys):
     assert data["nfe"] <= 16 and len(data["tokens"]) == 64 and isinstance(data["text"], str)
 
 
+@pytest.mark.parametrize("mode", ["prompt", "auto"])
+def test_sample_with_the_exact_prompt_cache_gives_the_uncached_answer(capsys, mode):
+    """The shipped model's prompt ignores the response: `--kv-cache prompt` (and `auto`, which picks
+    it there) must print the uncached tokens."""
+    argv = ("sample", "--json", "--prompt", "shuffle: cyd uma jo ana", "--steps", "32", "--block-length", "32")
+    plain = json.loads(run_cli(capsys, *argv)[1])
+    cached = json.loads(run_cli(capsys, *argv, "--kv-cache", mode)[1])
+    assert cached["tokens"] == plain["tokens"] and cached["nfe"] == plain["nfe"]
+
+
 @pytest.mark.parametrize("spec", ["saber:backtrack=always:n=3", "credit:tau=0.8", "hierarchical:low=0.5"])
 def test_sample_takes_a_sampler_with_options(capsys, spec):
     code, out, _ = run_cli(capsys, "sample", "--json", "--steps", "64", "--block-length", "32", "--sampler", spec)

@@ -246,3 +246,49 @@ def test_shipped_tiny_dlm_is_prompt_causal_and_its_prompt_cache_is_exact():
         cached = dlm.generate(model, ids, sampler=sampler, kv_cache="prompt", **kw)
         assert torch.equal(plain.sequences, cached.sequences) and plain.nfe == cached.nfe
         assert cached.forward_tokens < plain.forward_tokens
+
+
+def _auto_vs(model, ids, mode, **kw):
+    """Outputs and forward tokens of kv_cache='auto' beside the explicit mode it should resolve to."""
+    auto = dlm.generate(model, ids, kv_cache="auto", **kw)
+    explicit = dlm.generate(model, ids, kv_cache=mode, **kw)
+    return auto, explicit
+
+
+def test_auto_cache_is_the_prompt_cache_on_a_prompt_blind_model(prompt_only_model):
+    model, tok = prompt_only_model
+    ids = torch.tensor([tok.encode("copy: ana bo\n"), tok.encode("sort: tom bo\n")])
+    kw = dict(gen_length=16, block_length=8, steps=8)
+    auto, prompt = _auto_vs(model, ids, "prompt", **kw)
+    assert torch.equal(auto.sequences, prompt.sequences) and auto.forward_tokens == prompt.forward_tokens
+    assert auto.forward_tokens < dlm.generate(model, ids, **kw).forward_tokens
+
+
+def test_auto_cache_is_no_cache_where_the_prompt_cache_would_approximate(restart_model):
+    """A bidirectional model: 'auto' never picks an approximation, so it runs uncached."""
+    model, tok = restart_model
+    ids = torch.tensor([tok.encode("copy: ana bo\n")])
+    kw = dict(gen_length=16, block_length=8, steps=16)
+    auto, none = _auto_vs(model, ids, "none", **kw)
+    assert torch.equal(auto.sequences, none.sequences) and auto.forward_tokens == none.forward_tokens
+
+
+def test_auto_cache_falls_back_to_no_cache_for_guidance(prompt_only_model):
+    """Classifier-free guidance has no cached path: 'auto' runs it uncached instead of refusing."""
+    model, tok = prompt_only_model
+    ids = torch.tensor([tok.encode("copy: ana bo\n")])
+    kw = dict(gen_length=8, block_length=8, steps=8, cfg_scale=1.0)
+    auto, none = _auto_vs(model, ids, "none", **kw)
+    assert torch.equal(auto.sequences, none.sequences) and auto.forward_tokens == none.forward_tokens
+
+
+def test_prompt_blindness_is_declared_never_inferred(model, prompt_only_model):
+    from dlm.adapters import DLMAdapter
+
+    assert DLMAdapter.wrap(prompt_only_model[0]).prompt_ignores_response
+    assert not DLMAdapter.wrap(model).prompt_ignores_response
+    model.dlm_prompt_ignores_response = True  # any model may declare it
+    try:
+        assert DLMAdapter.wrap(model).prompt_ignores_response
+    finally:
+        del model.dlm_prompt_ignores_response
