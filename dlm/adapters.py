@@ -113,11 +113,7 @@ class DLMAdapter:
         logits at positions before a block's end never depend on later positions, so the driver
         forwards only `x[:, :block_end]` (LLaDA2-style block-diffusion models). Never inferred:
         a bidirectional model (LLaDA, Dream, the built-in tiny model) would silently change."""
-        explicit = getattr(self.model, "dlm_block_causal", None)
-        if explicit is None:
-            config = _config_of(self.model)
-            explicit = getattr(config, "dlm_block_causal", None) if config is not None else None
-        return bool(explicit)
+        return bool(self._declared("dlm_block_causal"))
 
     @property
     def prompt_ignores_response(self) -> bool:
@@ -125,13 +121,17 @@ class DLMAdapter:
         their K/V are fixed for the whole generation and `kv_cache="prompt"` is exact: the tiny model's
         `config.prompt_attends_response = False`, or `dlm_prompt_ignores_response = True` on any model
         or its config. Never inferred (LLaDA and Dream prompts attend to everything)."""
-        explicit = getattr(self.model, "dlm_prompt_ignores_response", None)
-        config = _config_of(self.model)
-        if explicit is None and config is not None:
-            explicit = getattr(config, "dlm_prompt_ignores_response", None)
-            if explicit is None and getattr(config, "prompt_attends_response", None) is False:
-                explicit = True
+        explicit = self._declared("dlm_prompt_ignores_response")
+        if explicit is None:  # the tiny model's own config flag
+            explicit = getattr(_config_of(self.model), "prompt_attends_response", None) is False
         return bool(explicit)
+
+    def _declared(self, name: str):
+        """A capability flag the model declares on itself or, failing that, on its config; None if neither."""
+        explicit = getattr(self.model, name, None)
+        if explicit is None:
+            explicit = getattr(_config_of(self.model), name, None)
+        return explicit
 
     @property
     def vocab_size(self) -> int | None:

@@ -68,3 +68,11 @@ def test_console_script_reports_errors_without_traceback():
     proc = subprocess.run([sys.executable, "-m", "dlm.cli", "sample", "--sampler", "nope"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "valid samplers" in proc.stderr
+
+
+def test_cli_cache_choices_are_the_engine_modes():
+    """The parser keeps its own torch-free copy of the modes; it must not drift from the engine's."""
+    from dlm.commands._common import KV_CACHE_CHOICES
+    from dlm.generate import KV_CACHE_MODES
+
+    assert KV_CACHE_CHOICES == KV_CACHE_MODES
