@@ -7,4 +7,5 @@ from samplers.unmasking import position_aware  # noqa: F401,E402
 from samplers.unmasking import joint  # noqa: F401,E402
 from samplers.unmasking import saber, credit, hierarchical  # noqa: F401,E402
 from samplers.unmasking import lopa  # noqa: F401  (looks ahead through ctx.forward)
+from samplers.unmasking import entropy_bound  # noqa: F401,E402  (DiffusionGemma's rule; native on uniform-noise models)
 from samplers.unmasking import hex  # noqa: F401  (an ensemble: run by dlm.ensemble)

@@ -1,0 +1,177 @@
+"""The DiffusionGemma decoding rule: entropy-bound acceptance with renoising and adaptive stopping.
+
+Uniform-noise block diffusion (Austin et al. 2021, D3PM; Schiff et al. 2024, UDLM; Sahoo et al.
+2025, "The Diffusion Duality") decodes a canvas that always holds tokens. Google's DiffusionGemma
+(transformers' `DiffusionGemmaForBlockDiffusion.generate`) runs, per step:
+
+1. logits of the whole canvas, divided by a linear temperature `t_max -> t_min` over the
+   `N` steps (at the step with `n` steps remaining, `t = t_min + (t_max - t_min) * n / N`);
+2. one token drawn per position from `softmax(logits / t)`;
+3. acceptance by the entropy bound of the EB-sampler (Ben-Hamu et al. 2025, arXiv 2505.24857):
+   sort positions by entropy `H` ascending and accept the longest prefix with
+   `sum_{i<=k} H_i - max_{i<=k} H_i <= entropy_bound`;
+4. every position not accepted gets a fresh uniformly random token (renoise);
+5. a row stops when its argmax canvas has been the same for `stability_threshold` steps and its
+   mean entropy is below `confidence_threshold`; the canvas's output is its argmax.
+
+This file holds the rule once, in pure torch, for every place that runs it: the engine's exact
+reproduction of transformers' generate (`dlm.uniform_noise`, global torch RNG), the engine's
+sampler mode (`sampler="entropy_bound"`, a `torch.Generator`), and the masked engine (commit the
+accepted masked positions; the masked `eb` sampler is the same bound without the temperature
+schedule). Bit-exactness with transformers matters here: acceptance compares a float sum against
+the bound, so the entropy is computed with the same operations as `torch.distributions.Categorical`
+and the temperature with the same int32/float32 tensor arithmetic as transformers' processor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from samplers.base import Sampler, SamplerConfig, StepContext, StepResult
+from samplers.registry import register
+from samplers.unmasking._common import commit, gather_prob
+
+
+@dataclass(frozen=True)
+class EntropyBoundConfig(SamplerConfig):
+    """Defaults are transformers' `DiffusionGemmaGenerationConfig` defaults (the keyword names are
+    diffusers' `EntropyBoundScheduler` and transformers' config names).
+
+    entropy_bound: the EB bound in nats (> 0). t_max / t_min: temperature at the first / last step.
+    stability_threshold: steps the argmax canvas must stay the same before a row may stop (0: no
+    stability condition). confidence_threshold: mean-entropy bound for stopping; None turns adaptive
+    stopping off (the canvas runs its whole budget).
+    """
+
+    entropy_bound: float = 0.1
+    t_max: float = 0.8
+    t_min: float = 0.4
+    stability_threshold: int = 1
+    confidence_threshold: float | None = 0.005
+
+    def validate(self) -> None:
+        if not isinstance(self.entropy_bound, (int, float)) or self.entropy_bound <= 0:
+            raise ValueError(f"entropy_bound must be a number > 0, got {self.entropy_bound!r}")
+        if self.t_min < 0 or self.t_max <= self.t_min:
+            raise ValueError(f"need 0 <= t_min < t_max, got t_min={self.t_min}, t_max={self.t_max}")
+        if not isinstance(self.stability_threshold, int) or self.stability_threshold < 0:
+            raise ValueError(f"stability_threshold must be an integer >= 0, got {self.stability_threshold!r}")
+        if self.confidence_threshold is not None and self.confidence_threshold <= 0:
+            raise ValueError(f"confidence_threshold must be > 0 (or None to turn adaptive stopping off), "
+                             f"got {self.confidence_threshold}")
+
+
+def linear_temperature(steps_remaining: int, total_steps: int, t_min: float, t_max: float,
+                       device: torch.device | None = None) -> torch.Tensor:
+    """0-dim float32 temperature at the step with `steps_remaining` steps left (N..1).
+
+    Computed as transformers does it (an int32 step tensor divided by the Python int `N`, so the
+    arithmetic runs in float32): a float64 computation can differ in the last bit, and that can
+    flip an acceptance decision downstream."""
+    step = torch.tensor(steps_remaining, dtype=torch.int32, device=device)
+    return t_min + ((t_max - t_min) * (step / total_steps))
+
+
+def categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of `softmax(logits)` along the last axis, `[..., V] -> [...]`, float as the input.
+
+    The same operations as `torch.distributions.Categorical(logits=...).entropy()` (normalise by
+    logsumexp, clamp at the dtype's minimum, sum p log p), so the result is bit-identical to what
+    transformers' sampler and stopping criterion compute, at one pass less: they compute it twice."""
+    normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
+    probs = torch.softmax(normalized, dim=-1)
+    clamped = torch.clamp(normalized, min=torch.finfo(normalized.dtype).min)
+    return -(clamped * probs).sum(-1)
+
+
+def entropy_bound_accept(entropy: torch.Tensor, bound: float, candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """`[B, C]` bool: the positions the entropy bound accepts.
+
+    Sort ascending; accept position i of the sorted order when the sum of the entropies before it
+    (the cumulative sum minus its own, i.e. minus the prefix maximum) is <= `bound`. The lowest
+    entropy is always accepted. With `candidates` (masked mode), only those compete: the others
+    get +inf entropy and are never accepted.
+    """
+    if candidates is not None:
+        entropy = torch.where(candidates, entropy, torch.full_like(entropy, float("inf")))
+    sorted_entropy, order = torch.sort(entropy, dim=-1, descending=False)
+    cumulative = torch.cumsum(sorted_entropy, dim=-1)
+    accepted_sorted = cumulative - sorted_entropy <= bound
+    accepted = torch.scatter(torch.zeros_like(accepted_sorted), -1, order, accepted_sorted)
+    return accepted if candidates is None else accepted & candidates
+
+
+def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = None,
+                     rows: torch.Tensor | None = None, total_rows: int | None = None) -> torch.Tensor:
+    """One draw per row of `probs [R, V]` (float32), exactly as `torch.multinomial(p, 1)` draws it.
+
+    torch's single-sample multinomial is an exponential race: `q ~ Exp(1)` of the shape of the
+    whole probability table, then `argmax(p / q)`. Drawing `q` for `total_rows` rows and using only
+    the `rows` that are still denoising keeps the random stream identical to a call over every row
+    (the amount of randomness does not depend on the probabilities), while the division and argmax
+    run on the live rows only. Returns `[R]` long.
+    """
+    vocab = probs.shape[-1]
+    shape = (total_rows if total_rows is not None else probs.shape[0], vocab)
+    q = torch.empty(shape, dtype=probs.dtype, device=probs.device).exponential_(1, generator=generator)
+    if rows is not None:
+        q = q[rows]
+    return torch.argmax(probs / q, dim=-1)
+
+
+class StableConfidentStop:
+    """Per-row adaptive stopping: the argmax canvas equals each of the last `stability_threshold`
+    argmax canvases, and the mean token entropy is below `confidence_threshold`.
+
+    Rows are addressed by index in the full batch, so a caller that only runs some rows can update
+    just those (their history stays what it was: a stopped row never resumes)."""
+
+    def __init__(self, stability_threshold: int, confidence_threshold: float):
+        self.stability_threshold = stability_threshold
+        self.confidence_threshold = confidence_threshold
+        self.history: torch.Tensor | None = None  # [S, B, C] long, -1 before any step
+
+    def reset(self, batch: int, canvas_length: int, device: torch.device) -> None:
+        self.history = torch.full((self.stability_threshold, batch, canvas_length), -1, dtype=torch.long,
+                                  device=device)
+
+    def __call__(self, argmax_canvas: torch.Tensor, entropy: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """argmax_canvas / entropy: `[R, C]` for the batch `rows` (None: all). Returns `[R]` bool."""
+        if self.stability_threshold == 0:
+            stable = torch.ones(argmax_canvas.shape[0], dtype=torch.bool, device=argmax_canvas.device)
+        else:
+            past = self.history if rows is None else self.history[:, rows]
+            stable = (past == argmax_canvas.unsqueeze(0)).all(dim=-1).all(dim=0)
+            shifted = torch.roll(past, shifts=-1, dims=0)
+            shifted[-1] = argmax_canvas
+            if rows is None:
+                self.history = shifted
+            else:
+                self.history[:, rows] = shifted
+        return stable & (entropy.mean(dim=-1) < self.confidence_threshold)
+
+
+@register
+class EntropyBoundSampler(Sampler):
+    """`entropy_bound`: DiffusionGemma's rule. On a uniform-noise model the engine runs it natively
+    (accept by the bound over the whole canvas, renoise the rest, adaptive stopping, output the
+    argmax; `dlm.uniform_noise`). On a masked model it commits the masked positions the bound
+    accepts, each with a token drawn at the scheduled temperature (the masked `eb` sampler uses the
+    same bound on the untempered, greedy distribution)."""
+
+    name = "entropy_bound"
+    Config = EntropyBoundConfig
+    adaptive = True
+    uniform_native = True
+
+    def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
+        c = self.config
+        temperature = linear_temperature(ctx.steps_in_block - ctx.step, ctx.steps_in_block, c.t_min, c.t_max,
+                                         device=logits.device)
+        scaled = logits.float() / temperature
+        probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)
+        B, L, V = probs.shape
+        proposal = exponential_race(probs.reshape(B * L, V), ctx.generator).view(B, L)
+        accepted = entropy_bound_accept(categorical_entropy(scaled), c.entropy_bound, ctx.candidates)
+        return StepResult(commit(ctx.x, proposal, accepted), proposal, gather_prob(probs, proposal))
