@@ -25,6 +25,11 @@ pieces of batch x spatial tokens.
 
 Peak memory drops because attention scores and the MLP hidden states are only ever slice-sized.
 
+Full-3D-attention video DiTs (``WanTransformer3DModel``, ``CogVideoXTransformer3DModel``,
+``HunyuanVideoTransformer3DModel``): every transformer block runs in ``slices`` spans of video
+tokens, attention per query span against all keys (exact softmax), the rest of the block fused per
+span (``video.dit``).
+
 Step Rehash (the paper's second component, ``rehash=caching.StepRehashConfig(...)``) is the
 ``caching.step_rehash`` hook on the UNet's deep blocks; it composes with slicing because streamline
 patches the operators inside the blocks, never the blocks themselves.
@@ -40,7 +45,9 @@ from kernels.group_norm import combine_stats, group_norm_apply, group_stats
 
 kernels.check_ours(kernels)
 
-SUPPORTED = ("UNetMotionModel", "UNetSpatioTemporalConditionModel", "LatteTransformer3DModel")
+from video.dit import SUPPORTED_DIT, dit_targets
+
+SUPPORTED = ("UNetMotionModel", "UNetSpatioTemporalConditionModel", "LatteTransformer3DModel") + SUPPORTED_DIT
 _ATTR = "_dlm_streamline"
 
 
@@ -437,6 +444,10 @@ def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = Non
         spatial tokens (SVD's and Latte's temporal transformer blocks); None means ``slices``.
     rehash: a ``caching.StepRehashConfig`` to also attach Step Rehash (UNets only: UNetMotionModel,
         UNetSpatioTemporalConditionModel); its tracker is ``video.rehash_tracker(model)``.
+    Full-attention DiTs (WanTransformer3DModel, CogVideoXTransformer3DModel,
+        HunyuanVideoTransformer3DModel): ``slices`` is the number of video-token spans each block runs
+        in (query-sliced exact attention, token-sliced FFN; ``video.dit``); ``temporal_slices`` does
+        not apply and must be None.
     Outputs equal the unsliced model's to float tolerance (with ``rehash``: the unsliced model with
     the same Step Rehash). Undo with :func:`unstreamline`.
     """
@@ -444,6 +455,8 @@ def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = Non
     unet = _unet_of(pipe_or_model)
     if getattr(unet, _ATTR, None) is not None:
         raise ValueError("model is already streamlined; call video.unstreamline first")
+    if type(unet).__name__ in SUPPORTED_DIT:
+        return _streamline_dit(unet, cfg, rehash)
     tracker = _attach_rehash(unet, rehash)
     patched, handles = [], []
     handoff = _UpsampleHandoff(unet.up_blocks) if type(unet).__name__ == "UNetMotionModel" else None
@@ -462,6 +475,26 @@ def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = Non
         handles = [unet.register_forward_pre_hook(handoff.open), unet.register_forward_hook(handoff.close)]
     setattr(unet, _ATTR, (cfg, patched, tracker, handles))
     return unet
+
+
+def _streamline_dit(model, cfg, rehash):
+    """Patch every transformer block of a full-attention DiT with its sliced forward (``video.dit``)."""
+    if cfg.temporal_slices is not None:
+        raise ValueError("temporal_slices does not apply to full-attention DiTs (no temporal-only operator); "
+                         "leave it None and set slices")
+    if rehash is not None:
+        raise ValueError(f"rehash (Step Rehash) needs a UNet; {type(model).__name__} is a transformer "
+                         "(use caching.BlockCacheConfig there)")
+    targets = list(dit_targets(model))  # validates every block and processor before patching any
+    for block, _ in targets:
+        if "forward" in block.__dict__:
+            raise ValueError(f"{type(block).__name__} already has a patched forward (another hook?)")
+    patched = []
+    for block, factory in targets:
+        block.forward = factory(block, cfg.slices)
+        patched.append(block)
+    setattr(model, _ATTR, (cfg, patched, None, []))
+    return model
 
 
 def _attach_rehash(unet, rehash):

@@ -68,3 +68,74 @@ def latte_inputs(batch=1, frames=16, size=16, seed=1):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, 4, frames, size, size, generator=g)
     return x, torch.full((batch,), 500), torch.randn(batch, 7, 24, generator=g)
+
+
+# ------------------------------------------------------------------------- full-attention video DiTs
+def tiny_wan(seed: int = 0, heads: int = 4, head_dim: int = 16, layers: int = 2, ffn_mult: int = 4,
+             text_dim: int = 24):
+    """A random WanTransformer3DModel (Wan 2.x: self-attention over all tokens, text cross-attention)."""
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    dim = heads * head_dim
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim, in_channels=4,
+        out_channels=4, text_dim=text_dim, freq_dim=32, ffn_dim=ffn_mult * dim, num_layers=layers,
+        cross_attn_norm=True, rope_max_seq_len=64,
+    ).eval()
+
+
+def wan_inputs(batch=1, frames=4, size=8, text_dim=24, text_len=7, seed=1):
+    """(latents [B, 4, F, h, w], timestep [B], text states [B, L, text_dim])."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 4, frames, size, size, generator=g)
+    return x, torch.full((batch,), 500), torch.randn(batch, text_len, text_dim, generator=g)
+
+
+def tiny_cogvideox(seed: int = 0, heads: int = 4, head_dim: int = 16, layers: int = 2, text_dim: int = 24):
+    """A random CogVideoXTransformer3DModel (joint [text, video] attention, RoPE as in CogVideoX 1.5)."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    torch.manual_seed(seed)
+    return CogVideoXTransformer3DModel(
+        num_attention_heads=heads, attention_head_dim=head_dim, in_channels=4, out_channels=4,
+        time_embed_dim=32, text_embed_dim=text_dim, num_layers=layers, sample_width=16, sample_height=16,
+        sample_frames=9, patch_size=2, max_text_seq_length=16, use_rotary_positional_embeddings=True,
+    ).eval()
+
+
+def cogvideox_inputs(batch=1, frames=4, size=8, text_dim=24, text_len=7, head_dim=16, seed=1):
+    """(latents [B, F, 4, h, w], text states, timestep, (cos, sin) RoPE [F*h/2*w/2, head_dim])."""
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, frames, 4, size, size, generator=g)
+    ehs = torch.randn(batch, text_len, text_dim, generator=g)
+    gh = size // 2
+    rope = get_3d_rotary_pos_embed(embed_dim=head_dim, crops_coords=((0, 0), (gh, gh)), grid_size=(gh, gh),
+                                   temporal_size=frames, device=x.device)
+    return x, ehs, torch.full((batch,), 500), rope
+
+
+def tiny_hunyuan(seed: int = 0, heads: int = 4, head_dim: int = 16, layers: int = 1, single_layers: int = 1,
+                 text_dim: int = 24):
+    """A random HunyuanVideoTransformer3DModel (dual-stream then single-stream blocks, masked text)."""
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    torch.manual_seed(seed)
+    return HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=heads, attention_head_dim=head_dim,
+        num_layers=layers, num_single_layers=single_layers, num_refiner_layers=1, mlp_ratio=4.0,
+        patch_size=2, patch_size_t=1, guidance_embeds=False, text_embed_dim=text_dim,
+        pooled_projection_dim=8, rope_axes_dim=(4, 6, 6),
+    ).eval()
+
+
+def hunyuan_inputs(batch=1, frames=4, size=8, text_dim=24, text_len=7, seed=1):
+    """(latents [B, 4, F, h, w], timestep, text states, text mask [B, L] with padding, pooled [B, 8])."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 4, frames, size, size, generator=g)
+    ehs = torch.randn(batch, text_len, text_dim, generator=g)
+    mask = torch.ones(batch, text_len, dtype=torch.long)
+    mask[:, text_len - 2:] = 0  # two padding tokens: the attention mask is exercised
+    return x, torch.full((batch,), 500), ehs, mask, torch.randn(batch, 8, generator=g)

@@ -1,0 +1,317 @@
+"""Exact sliced blocks for full-3D-attention video DiTs: Wan, CogVideoX, HunyuanVideo (diffusers).
+
+Streamlined Inference (Zhan et al., ECCV 2024) slices operators and groups those that follow so
+that no full-size intermediate of a block exists at once. In a full-attention DiT the peak is the
+attention over every token of the clip and the FFN's widened hidden state, so the slice is a span
+of *tokens* and attention is computed per query span against all keys (exact softmax, see
+``video.dit_attention``). Each block forward below is a two-pass rewrite of diffusers' own:
+
+- pass 1, per token span: norm + adaLN modulation -> key/value projections -> qk-norm -> RoPE
+  into full K/V buffers;
+- pass 2, per token span: the same norm -> query -> attention against all keys -> output
+  projection -> gated residual -> (cross-attention) -> norm -> FFN -> gated residual, written
+  into the block output.
+
+Norms, modulation, RoPE and the FFN are per token, so every value equals diffusers' up to float
+rounding of the smaller matrix products. Text tokens of CogVideoX / HunyuanVideo (joint
+attention) are one more span; video tokens are cut into ``chunks`` spans.
+
+Each ``*_block_forward(block, chunks)`` returns a function with the block's forward signature.
+"""
+
+import torch
+
+from video.dit_attention import KVBuffer, attend, rows, token_spans
+
+SUPPORTED_DIT = ("WanTransformer3DModel", "CogVideoXTransformer3DModel", "HunyuanVideoTransformer3DModel")
+
+
+# ----------------------------------------------------------------------------------------------- Wan
+def _wan_rope(x, cos, sin):
+    """Wan's interleaved rotary embedding on ``x [B, n, H, d]`` with ``cos, sin [1, n, 1, d]``."""
+    pairs = x.unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = even * c - odd * s
+    out[..., 1::2] = even * s + odd * c
+    return out
+
+
+def _wan_cross_kv(attn, ctx):
+    """Keys/values of the cross-attention context, computed once per block call (diffusers recomputes
+    nothing per query, so neither do we): ``[(k, v)]`` for text, plus image context for I2V."""
+    heads = attn.heads
+    ctx_img = None
+    if attn.add_k_proj is not None:  # I2V: the first tokens are image context, the last 512 text
+        n_img = ctx.shape[1] - 512
+        ctx_img, ctx = ctx[:, :n_img], ctx[:, n_img:]
+    kv = [(attn.norm_k(attn.to_k(ctx)).unflatten(2, (heads, -1)), attn.to_v(ctx).unflatten(2, (heads, -1)))]
+    if ctx_img is not None:
+        k_img = attn.norm_added_k(attn.add_k_proj(ctx_img)).unflatten(2, (heads, -1))
+        kv.append((k_img, attn.add_v_proj(ctx_img).unflatten(2, (heads, -1))))
+    return kv
+
+
+def _wan_cross(attn, h, kv):
+    """WanAttnProcessor's cross-attention for one span of queries ``h [B, n, D]``."""
+    q = attn.norm_q(attn.to_q(h)).unflatten(2, (attn.heads, -1))
+    backend = attn.processor._attention_backend
+    out = None
+    for k, v in reversed(kv):  # image context first, then text: the order diffusers adds them in
+        o = attend(q, k, v, backend=backend).flatten(2, 3).type_as(q)
+        out = o if out is None else o + out
+    return attn.to_out[1](attn.to_out[0](out))
+
+
+def wan_block_forward(block, chunks: int):
+    """Sliced ``WanTransformerBlock.forward(hidden_states [B, N, D], encoder_hidden_states, temb,
+    rotary_emb)`` -> ``[B, N, D]``."""
+    attn, heads = block.attn1, block.attn1.heads
+
+    def forward(hidden_states, encoder_hidden_states, temb, rotary_emb):
+        n = hidden_states.shape[1]
+        spans = token_spans(n, chunks)
+        if temb.ndim == 4:  # per-token modulation (Wan 2.2 TI2V): [B, N, 6, D]
+            mods = [m.squeeze(2) for m in (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)]
+        else:
+            mods = (block.scale_shift_table + temb.float()).chunk(6, dim=1)
+        shift, scale, gate, c_shift, c_scale, c_gate = mods
+        cos, sin = rotary_emb
+
+        def norm1(x, a, b):
+            return (block.norm1(x.float()) * (1 + rows(scale, a, b, n)) + rows(shift, a, b, n)).type_as(x)
+
+        kv = KVBuffer(n)
+        for a, b in spans:  # pass 1: keys and values of every token
+            h = norm1(hidden_states[:, a:b], a, b)
+            k = _wan_rope(attn.norm_k(attn.to_k(h)).unflatten(2, (heads, -1)), cos[:, a:b], sin[:, a:b])
+            kv.put(a, b, k, attn.to_v(h).unflatten(2, (heads, -1)))
+        cross = _wan_cross_kv(block.attn2, encoder_hidden_states)
+        out = torch.empty_like(hidden_states)
+        for a, b in spans:  # pass 2: each span's queries see every key, then the rest of the block
+            x = hidden_states[:, a:b]
+            h = norm1(x, a, b)
+            q = _wan_rope(attn.norm_q(attn.to_q(h)).unflatten(2, (heads, -1)), cos[:, a:b], sin[:, a:b])
+            o = attend(q, kv.k, kv.v, backend=attn.processor._attention_backend).flatten(2, 3).type_as(q)
+            o = attn.to_out[1](attn.to_out[0](o))
+            x = (x.float() + o * rows(gate, a, b, n)).type_as(x)
+            x = x + _wan_cross(block.attn2, block.norm2(x.float()).type_as(x), cross)
+            h = (block.norm3(x.float()) * (1 + rows(c_scale, a, b, n)) + rows(c_shift, a, b, n)).type_as(x)
+            out[:, a:b] = (x.float() + block.ffn(h).float() * rows(c_gate, a, b, n)).type_as(x)
+        return out
+
+    return forward
+
+
+# ------------------------------------------------------------------------------------------ CogVideoX
+def _segments(video_len: int, text_len: int, chunks: int, text_first: bool):
+    """Spans of a joint [text, video] (or [video, text]) sequence: ``(is_text, local a, local b,
+    global a, global b)``; the video is cut into ``chunks`` spans, the (short) text is one span."""
+    video = [(False, a, b) for a, b in token_spans(video_len, chunks)]
+    text = [(True, 0, text_len)] if text_len else []
+    order = text + video if text_first else video + text
+    out, g = [], 0
+    for is_text, a, b in order:
+        out.append((is_text, a, b, g, g + b - a))
+        g += b - a
+    return out
+
+
+def cogvideox_block_forward(block, chunks: int):
+    """Sliced ``CogVideoXBlock.forward(hidden_states [B, N, D], encoder_hidden_states [B, T, D], temb,
+    image_rotary_emb=None, attention_kwargs=None)`` -> (video ``[B, N, D]``, text ``[B, T, D]``)."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    attn = block.attn1
+    heads = attn.heads
+
+    def forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, attention_kwargs=None):
+        if attention_kwargs and attention_kwargs.get("attention_mask") is not None:
+            raise ValueError("video.streamline: CogVideoXBlock with an attention_mask cannot be sliced; "
+                             "call video.unstreamline")
+        n, t = hidden_states.shape[1], encoder_hidden_states.shape[1]
+        segs = _segments(n, t, chunks, text_first=True)
+        m1 = block.norm1.linear(block.norm1.silu(temb)).chunk(6, dim=1)
+        m2 = block.norm2.linear(block.norm2.silu(temb)).chunk(6, dim=1)
+
+        def src(is_text, a, b):
+            return (encoder_hidden_states if is_text else hidden_states)[:, a:b]
+
+        def modulate(norm, mods, x, is_text):
+            shift, scale = (mods[3], mods[4]) if is_text else (mods[0], mods[1])
+            return norm.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]
+
+        def heads_of(y):  # [B, n, H*d] -> [B, H, n, d]
+            return y.view(y.shape[0], -1, heads, y.shape[-1] // heads).transpose(1, 2)
+
+        def project(lin, norm, h, is_text, a, b):
+            y = heads_of(lin(h))
+            if norm is not None:
+                y = norm(y)
+            if image_rotary_emb is not None and not is_text:
+                y = apply_rotary_emb(y, (image_rotary_emb[0][a:b], image_rotary_emb[1][a:b]))
+            return y
+
+        kv = KVBuffer(n + t, dim=2)
+        for is_text, a, b, ga, gb in segs:  # pass 1
+            h = modulate(block.norm1, m1, src(is_text, a, b), is_text)
+            kv.put(ga, gb, project(attn.to_k, attn.norm_k, h, is_text, a, b), heads_of(attn.to_v(h)))
+        out, out_text = torch.empty_like(hidden_states), torch.empty_like(encoder_hidden_states)
+        for is_text, a, b, ga, gb in segs:  # pass 2
+            x = src(is_text, a, b)
+            q = project(attn.to_q, attn.norm_q, modulate(block.norm1, m1, x, is_text), is_text, a, b)
+            o = torch.nn.functional.scaled_dot_product_attention(q, kv.k, kv.v, dropout_p=0.0, is_causal=False)
+            o = attn.to_out[1](attn.to_out[0](o.transpose(1, 2).reshape(x.shape[0], -1, heads * o.shape[-1])))
+            x = x + (m1[5] if is_text else m1[2])[:, None, :] * o
+            ff = block.ff(modulate(block.norm2, m2, x, is_text))
+            (out_text if is_text else out)[:, a:b] = x + (m2[5] if is_text else m2[2])[:, None, :] * ff
+        return out, out_text
+
+    return forward
+
+
+# --------------------------------------------------------------------------------------- HunyuanVideo
+def _hunyuan_rope(y, freqs, a, b):
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    return apply_rotary_emb(y, (freqs[0][a:b], freqs[1][a:b]), sequence_dim=1)
+
+
+def hunyuan_double_block_forward(block, chunks: int):
+    """Sliced ``HunyuanVideoTransformerBlock.forward(hidden_states [B, N, D], encoder_hidden_states
+    [B, T, D], temb, attention_mask=None, freqs_cis=None, *args)`` -> (video, text): two streams with
+    their own weights, joint attention over [video, text]."""
+    attn = block.attn
+    heads = attn.heads
+
+    def forward(hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None, *args, **kwargs):
+        n, t = hidden_states.shape[1], encoder_hidden_states.shape[1]
+        segs = _segments(n, t, chunks, text_first=False)
+        mv = block.norm1.linear(block.norm1.silu(temb)).chunk(6, dim=1)  # shift, scale, gate (msa, mlp)
+        mt = block.norm1_context.linear(block.norm1_context.silu(temb)).chunk(6, dim=1)
+
+        def src(is_text, a, b):
+            return (encoder_hidden_states if is_text else hidden_states)[:, a:b]
+
+        def norm_in(x, is_text):
+            norm, m = (block.norm1_context, mt) if is_text else (block.norm1, mv)
+            return norm.norm(x) * (1 + m[1][:, None]) + m[0][:, None]
+
+        def qk(h, is_text, a, b, which):
+            if is_text:
+                lin, norm = (attn.add_q_proj, attn.norm_added_q) if which == "q" else (attn.add_k_proj, attn.norm_added_k)
+            else:
+                lin, norm = (attn.to_q, attn.norm_q) if which == "q" else (attn.to_k, attn.norm_k)
+            y = lin(h).unflatten(2, (heads, -1))
+            if norm is not None:
+                y = norm(y)
+            if freqs_cis is not None and not is_text:
+                y = _hunyuan_rope(y, freqs_cis, a, b)
+            return y
+
+        kv = KVBuffer(n + t)
+        for is_text, a, b, ga, gb in segs:  # pass 1
+            h = norm_in(src(is_text, a, b), is_text)
+            v = (attn.add_v_proj if is_text else attn.to_v)(h).unflatten(2, (heads, -1))
+            kv.put(ga, gb, qk(h, is_text, a, b, "k"), v)
+        out, out_text = torch.empty_like(hidden_states), torch.empty_like(encoder_hidden_states)
+        for is_text, a, b, ga, gb in segs:  # pass 2
+            x = src(is_text, a, b)
+            q = qk(norm_in(x, is_text), is_text, a, b, "q")
+            o = attend(q, kv.k, kv.v, attention_mask, attn.processor._attention_backend).flatten(2, 3).to(q.dtype)
+            if is_text:
+                o, m, norm2, ff = attn.to_add_out(o), mt, block.norm2_context, block.ff_context
+            else:
+                o, m, norm2, ff = attn.to_out[1](attn.to_out[0](o)), mv, block.norm2, block.ff
+            x = x + o * m[2].unsqueeze(1)
+            h = norm2(x) * (1 + m[4][:, None]) + m[3][:, None]
+            (out_text if is_text else out)[:, a:b] = x + m[5].unsqueeze(1) * ff(h)
+        return out, out_text
+
+    return forward
+
+
+def hunyuan_single_block_forward(block, chunks: int):
+    """Sliced ``HunyuanVideoSingleTransformerBlock.forward``: one stream over [video, text] with a
+    parallel attention + MLP branch; returns views of one ``[B, N + T, D]`` output, as diffusers does."""
+    attn = block.attn
+    heads = attn.heads
+
+    def forward(hidden_states, encoder_hidden_states, temb, attention_mask=None, image_rotary_emb=None,
+                *args, **kwargs):
+        n, t = hidden_states.shape[1], encoder_hidden_states.shape[1]
+        segs = _segments(n, t, chunks, text_first=False)
+        shift, scale, gate = block.norm.linear(block.norm.silu(temb)).chunk(3, dim=1)
+
+        def src(is_text, a, b):
+            return (encoder_hidden_states if is_text else hidden_states)[:, a:b]
+
+        def norm_in(x):
+            return block.norm.norm(x) * (1 + scale[:, None]) + shift[:, None]
+
+        def qk(h, is_text, a, b, lin, norm):
+            y = lin(h).unflatten(2, (heads, -1))
+            if norm is not None:
+                y = norm(y)
+            if image_rotary_emb is not None and not is_text:
+                y = _hunyuan_rope(y, image_rotary_emb, a, b)
+            return y
+
+        kv = KVBuffer(n + t)
+        for is_text, a, b, ga, gb in segs:  # pass 1
+            h = norm_in(src(is_text, a, b))
+            kv.put(ga, gb, qk(h, is_text, a, b, attn.to_k, attn.norm_k), attn.to_v(h).unflatten(2, (heads, -1)))
+        out = hidden_states.new_empty(hidden_states.shape[0], n + t, hidden_states.shape[2])
+        for is_text, a, b, ga, gb in segs:  # pass 2
+            x = src(is_text, a, b)
+            h = norm_in(x)
+            mlp = block.act_mlp(block.proj_mlp(h))
+            q = qk(h, is_text, a, b, attn.to_q, attn.norm_q)
+            o = attend(q, kv.k, kv.v, attention_mask, attn.processor._attention_backend).flatten(2, 3).to(q.dtype)
+            out[:, ga:gb] = gate.unsqueeze(1) * block.proj_out(torch.cat([o, mlp], dim=2)) + x
+        return out[:, :n], out[:, n:]
+
+    return forward
+
+
+# ------------------------------------------------------------------------------------------- targets
+def _check_processor(model_name, attn, allowed):
+    """The attention must run diffusers' default processor with separate projections: that is the
+    computation the sliced block reproduces."""
+    proc = attn.processor
+    if type(proc).__name__ not in allowed:
+        raise ValueError(f"video.streamline cannot slice {model_name} with attention processor "
+                         f"{type(proc).__name__} exactly; supported processors: {', '.join(allowed)}")
+    if getattr(attn, "fused_projections", False):
+        raise ValueError(f"video.streamline cannot slice {model_name} with fused QKV projections; "
+                         "call unfuse_qkv_projections() first")
+    if getattr(proc, "_parallel_config", None) is not None:
+        raise ValueError(f"video.streamline cannot slice {model_name} under context parallelism")
+
+
+def dit_targets(model):
+    """(block, forward factory) pairs of a supported DiT; ValueError for a block or attention
+    processor we cannot slice exactly (names the class and what is supported)."""
+    name = type(model).__name__
+    if name == "WanTransformer3DModel":
+        pairs = [(b, wan_block_forward, "WanTransformerBlock", [b.attn1, b.attn2], ("WanAttnProcessor",))
+                 for b in model.blocks]
+    elif name == "CogVideoXTransformer3DModel":
+        pairs = [(b, cogvideox_block_forward, "CogVideoXBlock", [b.attn1], ("CogVideoXAttnProcessor2_0",))
+                 for b in model.transformer_blocks]
+    elif name == "HunyuanVideoTransformer3DModel":
+        allowed = ("HunyuanVideoAttnProcessor2_0",)
+        pairs = [(b, hunyuan_double_block_forward, "HunyuanVideoTransformerBlock", [b.attn], allowed)
+                 for b in model.transformer_blocks]
+        pairs += [(b, hunyuan_single_block_forward, "HunyuanVideoSingleTransformerBlock", [b.attn], allowed)
+                  for b in model.single_transformer_blocks]
+    else:
+        raise ValueError(f"not a supported DiT: {name}; supported: {', '.join(SUPPORTED_DIT)}")
+    for block, factory, cls, attns, allowed in pairs:
+        if type(block).__name__ != cls:
+            raise ValueError(f"video.streamline cannot slice {name} block {type(block).__name__}; "
+                             f"supported blocks: {cls}")
+        for a in attns:
+            _check_processor(name, a, allowed)
+        yield block, factory

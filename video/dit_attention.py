@@ -1,0 +1,60 @@
+"""Pieces shared by the sliced full-attention video DiT blocks (``video.dit``).
+
+A full-attention DiT block holds, at its peak, the attention inputs and the feed-forward's widened
+hidden state for every token of the clip at once. Every operator of such a block except the
+attention's softmax is per token (projections, LayerNorm/RMSNorm, adaLN modulation, RoPE, the
+FFN), so it can run on a slice of tokens; attention is exact per *query* slice as long as each
+query sees every key (the softmax is over keys). The sliced block therefore runs in two passes
+over token spans:
+
+1. keys and values of every span are written into two full ``[B, L, heads, head_dim]`` buffers
+   (the only full-size intermediates left);
+2. each span's queries attend to all of them (exact softmax), and the span then goes straight on
+   through the output projection, the gated residual, the cross-attention and the FFN
+   (operator grouping, Zhan et al., "Streamlined Inference", ECCV 2024) into the block's output.
+
+Memory per block: input + K + V + output at full size, everything else span-sized.
+"""
+
+import torch
+
+
+def token_spans(n: int, chunks: int, what: str = "slices") -> list[tuple[int, int]]:
+    """``chunks`` contiguous ``(start, end)`` spans covering ``range(n)`` (sizes differ by <= 1 rows of
+    torch.chunk's rule). A chunk count above ``n`` is a ValueError naming the limit (never clamped)."""
+    if chunks > n:
+        raise ValueError(f"{what}={chunks} is larger than the dimension it slices ({n}); use at most {n}")
+    return [(int(i[0]), int(i[-1]) + 1) for i in torch.arange(n).chunk(chunks)]
+
+
+def rows(t: torch.Tensor, a: int, b: int, n: int) -> torch.Tensor:
+    """Rows ``a:b`` (dim 1) of a per-token tensor ``[B, n, ...]``; a broadcast one (dim 1 of size 1,
+    e.g. a per-sample modulation ``[B, 1, D]``) is returned whole."""
+    return t[:, a:b] if t.dim() > 1 and t.shape[1] == n and n != 1 else t
+
+
+class KVBuffer:
+    """Full-length key/value buffers filled span by span: ``put(a, b, k, v)`` with ``k, v`` of shape
+    ``[B, b - a, ...]`` (sequence on ``dim``); ``k`` / ``v`` are the full ``[B, L, ...]`` tensors."""
+
+    def __init__(self, length: int, dim: int = 1):
+        self.length, self.dim = length, dim
+        self.k = self.v = None
+
+    def put(self, a: int, b: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.k is None:
+            shape = list(k.shape)
+            shape[self.dim] = self.length
+            self.k, self.v = k.new_empty(shape), v.new_empty(shape)
+        self.k.narrow(self.dim, a, b - a).copy_(k)
+        self.v.narrow(self.dim, a, b - a).copy_(v)
+
+
+def attend(query, key, value, mask=None, backend=None):
+    """diffusers' attention dispatch on ``[B, S, heads, head_dim]`` tensors (the backend the model's
+    processor is set to, e.g. after ``model.set_attention_backend``); each query row's softmax runs
+    over all of ``key``, so calling it on a slice of queries gives those rows exactly."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    return dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
+                                 backend=backend, parallel_config=None)
