@@ -16,10 +16,18 @@ custom pipelines. The tracker reads the ``timestep`` argument of every denoiser 
 
 A scheduler that evaluates the model twice at one timestep (Heun-type) is seen as two branches,
 which is still correct, only less effective. ``caching.reset(model)`` forces a reset.
+
+Non-finite features (a half-precision model that overflowed) are never reused: at the start of
+every denoiser call the tracker checks the tensors stored since the last check (one reduction each,
+one host read per call, beside the timestep read the call already makes) and, if any holds NaN or
+inf, drops every cached tensor so that this call recomputes them (``counters["nonfinite_dropped"]``
+counts it). We recompute rather than raise: the fault may be a one-off, and if the model really
+emits NaN the solver's own check (``samplers.solvers._finite``) stops the run with a clear error.
 """
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections import Counter
 from typing import Any, Callable
 
@@ -47,6 +55,8 @@ class StepTracker:
         self.branch = 0
         self.calls = 0
         self._states: dict[int, dict[str, Any]] = {}
+        # id -> tensor already checked finite (weak: a replaced feature is freed at once)
+        self._checked: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def clear_counters(self) -> None:
         self.counters.clear()
@@ -56,6 +66,9 @@ class StepTracker:
         if self.last_t is None or t > self.last_t:
             self.reset()
             self.counters["runs"] += 1
+        elif self._states and stored_nonfinite(self._states, self._checked):
+            self._states = {}  # no cached feature is reused: this call recomputes them all
+            self.counters["nonfinite_dropped"] += 1
         elif t == self.last_t:
             self.branch += 1
         else:
@@ -68,6 +81,37 @@ class StepTracker:
     def state(self) -> dict[str, Any]:
         """Tensors cached for the current CFG branch (a plain dict, dropped on reset)."""
         return self._states.setdefault(self.branch, {})
+
+
+def _tensors(obj, depth: int = 0):
+    """The floating-point tensors inside a cache state (dicts, lists, tuples, small objects)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() or obj.is_complex():
+            yield obj
+    elif depth > 4 or obj is None or isinstance(obj, (str, bytes, int, float, bool, torch.nn.Module)):
+        return
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v, depth + 1)
+    elif hasattr(obj, "__dict__"):  # e.g. module_forecast.TaylorFactors
+        yield from _tensors(vars(obj), depth + 1)
+
+
+def stored_nonfinite(states: dict, checked: weakref.WeakValueDictionary) -> bool:
+    """Whether a tensor stored in ``states`` since the last call holds NaN or inf.
+
+    Each tensor is checked once (``checked`` remembers it); the checks of one call are reduced on
+    each device and read back together, so a call costs one host read whatever the cache holds.
+    """
+    flags: dict[torch.device, list] = {}
+    for x in _tensors(states):
+        if checked.get(id(x)) is not x:
+            flags.setdefault(x.device, []).append(torch.isfinite(x).all())
+            checked[id(x)] = x
+    return any(not bool(torch.stack(f).all()) for f in flags.values())
 
 
 def timestep_reader(module: torch.nn.Module) -> Callable[[tuple, dict], float]:

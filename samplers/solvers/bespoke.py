@@ -40,6 +40,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers._finite import check_model_output
 from samplers.solvers._vp import (
     VP_COMPATIBLES,
     VPNoiseMixin,
@@ -343,6 +344,7 @@ class BespokeSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         i = self._step_index
         if i >= self.num_inference_steps:
             raise ValueError("step() called more times than there are timesteps; call set_timesteps() again")
+        check_model_output(model_output, self, timestep, i)
         t = self.timesteps[i].to(torch.float64)
         a = alpha_bar_at(self.alphas_cumprod, t).to(sample.dtype)
         x0 = data_prediction(model_output.to(sample.dtype), sample, a, self.config.prediction_type)

@@ -26,6 +26,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers._finite import check_model_output
 from samplers.solvers.schedules import fitted_or_default, load_schedule
 from samplers.solvers._vp import (
     VPNoiseMixin,
@@ -143,6 +144,7 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         t = as_index(timestep)
         if t not in self._prev:
             raise ValueError(f"timestep {t} is not on the grid set by set_timesteps ({self.timesteps.tolist()})")
+        check_model_output(model_output, self, t)
         eta = self.config.eta if eta is None else float(eta)
         a, a_prev = self._alpha(t), self._alpha(self._prev[t])
         eps, x0 = to_eps_x0(model_output.double(), sample.double(), a, self.config.prediction_type)

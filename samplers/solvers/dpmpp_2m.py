@@ -47,6 +47,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers._finite import check_model_output
 from samplers.solvers.schedules import fitted_or_default, load_schedule
 from samplers.solvers._vp import (
     VPNoiseMixin,
@@ -62,6 +63,9 @@ from samplers.solvers._vp import (
     make_alphas_cumprod,
     to_eps_x0,
 )
+
+
+ALGORITHM_TYPES = ("dpmsolver++", "sde-dpmsolver++", "dpmsolver", "sde-dpmsolver")
 
 
 def _vp_sigmas(alphas_cumprod: torch.Tensor) -> np.ndarray:
@@ -144,11 +148,12 @@ def dpmpp_3m_update(x, x0, history, a_s: float, a_t: float):
             - alpha_t * ((phi1 + h) / h**2 - 0.5) * d2)
 
 
-def dpmpp_2m_update(x, x0, x0_prev, a_s: float, a_t: float, a_prev: Optional[float]):
+def dpmpp_2m_update(x, x0, x0_prev, a_s: float, a_t: float, a_prev: Optional[float], solver_type: str = "midpoint"):
     """One DPM-Solver++ step from level ``a_s`` to ``a_t`` (``alpha_bar`` values).
 
     ``x0_prev``/``a_prev`` are the previous step's data prediction and level; ``None`` gives the first
-    order (DDIM) update.
+    order (DDIM) update. ``solver_type="heun"`` integrates the linear term in ``lambda`` exactly
+    (``x_t = ... + alpha_t ((e^-h - 1) / h + 1) D1``) instead of the midpoint's ``D1 / 2`` weight.
     """
     alpha_s, sigma_s = math.sqrt(a_s), math.sqrt(1 - a_s)
     alpha_t, sigma_t = math.sqrt(a_t), math.sqrt(1 - a_t)
@@ -158,11 +163,14 @@ def dpmpp_2m_update(x, x0, x0_prev, a_s: float, a_t: float, a_prev: Optional[flo
     if x0_prev is not None and sigma_t > 0:
         h = _lam(a_t) - _lam(a_s)
         h0 = _lam(a_s) - _lam(a_prev)
+        if solver_type == "heun":
+            d1 = (h / h0) * (x0 - x0_prev)
+            return (sigma_t / sigma_s) * x + alpha_t * (1.0 - emh) * x0 + alpha_t * (math.expm1(-h) / h + 1.0) * d1
         D = x0 + 0.5 * (h / h0) * (x0 - x0_prev)
     return (sigma_t / sigma_s) * x + alpha_t * (1.0 - emh) * D
 
 
-def dpmpp_sde_update(x, x0, history, a_s: float, a_t: float, noise):
+def dpmpp_sde_update(x, x0, history, a_s: float, a_t: float, noise, solver_type: str = "midpoint"):
     """One SDE-DPM-Solver++ step (Lu et al. 2022, "DPM-Solver++", section on the SDE solver) from level
     ``a_s`` to ``a_t``: the data-prediction multistep update of the reverse SDE, which adds fresh
     ``noise`` (``[B, ...]``, standard normal) of variance ``sigma_t^2 (1 - exp(-2h))`` each step.
@@ -172,7 +180,8 @@ def dpmpp_sde_update(x, x0, history, a_s: float, a_t: float, noise):
 
         x_t = (sigma_t / sigma_s) e^-h x + alpha_t (1 - e^-2h) D0 + c1 D1 + c2 D2 + sigma_t sqrt(1 - e^-2h) z
 
-    with ``c1 = alpha_t (1 - e^-2h) / 2`` at second order and, at third order,
+    with ``c1 = alpha_t (1 - e^-2h) / 2`` at second order (``solver_type="heun"``:
+    ``c1 = alpha_t ((1 - e^-2h) / (-2h) + 1)``) and, at third order,
     ``c1 = alpha_t ((1 - e^-2h) / (-2h) + 1)``, ``c2 = alpha_t ((1 - e^-2h - 2h) / (2h)^2 - 1/2)``;
     ``D1``, ``D2`` are the same divided differences of the data predictions as the ODE solver's.
     """
@@ -187,6 +196,8 @@ def dpmpp_sde_update(x, x0, history, a_s: float, a_t: float, noise):
     (m1, a1) = history[0]
     r0 = (_lam(a_s) - _lam(a1)) / h
     if len(history) == 1:
+        if solver_type == "heun":
+            return out + alpha_t * (one_m_e2 / (-2.0 * h) + 1.0) * (x0 - m1) / r0
         return out + 0.5 * alpha_t * one_m_e2 * (x0 - m1) / r0
     d1, d2 = _third_order_differences(x0, history, a_s, h)
     return (out + alpha_t * (one_m_e2 / (-2.0 * h) + 1.0) * d1
@@ -196,12 +207,13 @@ def dpmpp_sde_update(x, x0, history, a_s: float, a_t: float, noise):
 class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     """DPM-Solver++ 2M / 3M as a diffusers scheduler; config keys follow ``DPMSolverMultistepScheduler``.
 
-    The data-prediction multistep method at ``solver_order`` 2 (midpoint) or 3, deterministic
-    (``algorithm_type="dpmsolver++"``) or stochastic (``"sde-dpmsolver++"``, :func:`dpmpp_sde_update`;
-    ``step`` takes a ``generator`` or ``variance_noise`` as diffusers' does); loading a
-    config that asks for something else (another ``algorithm_type``, ``solver_order=1``, Karras sigmas,
-    thresholding, learned variance) raises ``ValueError`` instead of silently changing the method.
-    NFE = ``num_inference_steps``.
+    The multistep method at ``solver_order`` 1 (DDIM), 2 (``solver_type`` ``"midpoint"`` or ``"heun"``)
+    or 3, in data-prediction form (DPM-Solver++, ``algorithm_type="dpmsolver++"``, or stochastic
+    ``"sde-dpmsolver++"``, :func:`dpmpp_sde_update`) or noise-prediction form (DPM-Solver,
+    ``"dpmsolver"``, or ``"sde-dpmsolver"`` at orders 1-2, :mod:`samplers.solvers.dpm_solver`); SDE
+    ``step`` takes a ``generator`` or ``variance_noise`` as diffusers' does. Loading a config that asks for
+    something not implemented (Karras / exponential / beta sigmas, thresholding) raises ``ValueError``
+    instead of silently changing the method. NFE = ``num_inference_steps``.
     """
 
     _compatibles = VP_COMPATIBLES
@@ -255,15 +267,22 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         if solver_type in ("logrho", "bh1", "bh2"):
             solver_type = "midpoint"
             self.register_to_config(solver_type=solver_type)
-        if algorithm_type not in ("dpmsolver++", "sde-dpmsolver++") or solver_order not in (2, 3) or \
-                solver_type != "midpoint":
-            raise ValueError(
-                f"{name} implements algorithm_type='dpmsolver++' or 'sde-dpmsolver++', solver_order=2 or 3, "
-                f"solver_type='midpoint'; got "
-                f"{algorithm_type!r}, {solver_order}, {solver_type!r}: pass those three values to from_config"
-            )
+        if algorithm_type not in ALGORITHM_TYPES:
+            raise ValueError(f"algorithm_type must be one of {ALGORITHM_TYPES}, got {algorithm_type!r}")
+        if solver_order not in (1, 2, 3):
+            raise ValueError(f"solver_order must be 1, 2 or 3, got {solver_order!r}")
+        if solver_type not in ("midpoint", "heun"):
+            raise ValueError(f"solver_type must be 'midpoint' or 'heun', got {solver_type!r}")
+        if algorithm_type == "sde-dpmsolver" and solver_order == 3:
+            # diffusers has no third-order update for it either (its step fails at the third step).
+            raise ValueError("algorithm_type='sde-dpmsolver' has orders 1 and 2: use solver_order<=2, or "
+                             "algorithm_type='sde-dpmsolver++' for order 3")
         if final_sigmas_type not in ("zero", "sigma_min"):
             raise ValueError(f"final_sigmas_type must be 'zero' or 'sigma_min', got {final_sigmas_type!r}")
+        if algorithm_type in ("dpmsolver", "sde-dpmsolver") and final_sigmas_type == "zero":
+            # The noise-prediction update is 0 * inf at zero noise; diffusers refuses the same config.
+            raise ValueError(f"algorithm_type={algorithm_type!r} cannot end at zero noise: pass "
+                             "final_sigmas_type='sigma_min' (or use algorithm_type='dpmsolver++')")
         if fitted_schedule is not None:
             load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
         self._init_state(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr)
@@ -321,9 +340,13 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self._reset()
 
     def _schedule_key(self) -> str:
-        """Key of this solver's grids in a fitted-schedule file."""
-        sde = "-sde" if self.config.algorithm_type == "sde-dpmsolver++" else ""
-        return f"dpmpp-{self.config.solver_order}m{sde}"
+        """Key of this solver's grids in a fitted-schedule file (``dpmpp-2m``, ``dpm-1m-sde``, ...; the
+        ``-heun`` suffix marks the Heun second-order rule)."""
+        cfg = self.config
+        fam = "dpmpp" if cfg.algorithm_type.endswith("++") else "dpm"
+        sde = "-sde" if cfg.algorithm_type.startswith("sde-") else ""
+        heun = "-heun" if cfg.solver_type == "heun" and cfg.solver_order > 1 else ""
+        return f"{fam}-{cfg.solver_order}m{sde}{heun}"
 
     @property
     def step_index(self):
@@ -363,11 +386,12 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         i, N = self._step_index, len(self.timesteps)
         if i >= N:
             raise ValueError("step() called more times than there are timesteps; call set_timesteps() again")
+        check_model_output(model_output, self, timestep, i)
         if self.config.variance_type in ("learned", "learned_range"):
             model_output = model_output[:, : sample.shape[1]]  # drop the predicted variance channels
         a_s = self._alpha_of_sigma(float(self.sigmas[i]))
         x = sample.double()
-        _, x0 = to_eps_x0(model_output.double(), x, a_s, self.config.prediction_type)
+        self._eps, x0 = to_eps_x0(model_output.double(), x, a_s, self.config.prediction_type)
         return i, N, a_s, x, x0
 
     def _end_step(self, prev, x0, sample, return_dict: bool):
@@ -380,8 +404,12 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
 
     def step(self, model_output, timestep, sample, generator=None, eta: float = 0.0, return_dict: bool = True,
              variance_noise: Optional[torch.Tensor] = None, **kw):
-        """One step. With ``algorithm_type="sde-dpmsolver++"`` the noise is ``variance_noise`` or drawn
-        from ``generator`` (float32, as diffusers draws it, so the same generator gives the same path)."""
+        """One step. With an SDE ``algorithm_type`` the noise is ``variance_noise`` or drawn from
+        ``generator`` (float32, as diffusers draws it, so the same generator gives the same path). The
+        data-prediction algorithms keep ``x0`` predictions in their history, the noise-prediction ones
+        (``dpmsolver``, ``sde-dpmsolver``; :mod:`samplers.solvers.dpm_solver`) keep ``eps`` predictions."""
+        from samplers.solvers.dpm_solver import dpm_solver_update, sde_dpm_solver_update
+
         if eta:
             raise ValueError("DPM-Solver++ takes no eta (use DDIMSolver for eta > 0, or algorithm_type="
                              "'sde-dpmsolver++' for the stochastic solver)")
@@ -390,19 +418,24 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         cfg = self.config
         last_low = i == N - 1 and (cfg.euler_at_final or (cfg.lower_order_final and N < 15) or cfg.final_sigmas_type == "zero")
         second_last_low = i == N - 2 and cfg.lower_order_final and N < 15
-        hist = self._history
-        order = 1 if (not hist or last_low) else (
+        hist, algo, kind = self._history, cfg.algorithm_type, cfg.solver_type
+        order = 1 if (cfg.solver_order == 1 or not hist or last_low) else (
             2 if (cfg.solver_order == 2 or len(hist) < 2 or second_last_low) else 3)
-        if cfg.algorithm_type == "sde-dpmsolver++":
-            noise = self._noise(model_output, generator, variance_noise)
-            prev = dpmpp_sde_update(x, x0, hist[:order - 1], a_s, a_t, noise.double())
+        m = x0 if algo.endswith("++") else self._eps  # what the history holds: x0 (data) or eps (noise)
+        noise = self._noise(model_output, generator, variance_noise).double() if algo.startswith("sde-") else None
+        if algo == "sde-dpmsolver++":
+            prev = dpmpp_sde_update(x, x0, hist[:order - 1], a_s, a_t, noise, kind)
+        elif algo == "sde-dpmsolver":
+            prev = sde_dpm_solver_update(x, m, hist[:order - 1], a_s, a_t, noise, kind)
+        elif algo == "dpmsolver":
+            prev = dpm_solver_update(x, m, hist[:order - 1], a_s, a_t, kind)
         elif order == 1:
             prev = dpmpp_2m_update(x, x0, None, a_s, a_t, None)
         elif order == 2:
-            prev = dpmpp_2m_update(x, x0, hist[0][0], a_s, a_t, hist[0][1])
+            prev = dpmpp_2m_update(x, x0, hist[0][0], a_s, a_t, hist[0][1], kind)
         else:
             prev = dpmpp_3m_update(x, x0, hist, a_s, a_t)
-        self._history = [(x0, a_s)] + hist[: cfg.solver_order - 2]
+        self._history = ([(m, a_s)] + hist)[: cfg.solver_order - 1]
         return self._end_step(prev, x0, sample, return_dict)
 
     @staticmethod

@@ -37,6 +37,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers._finite import check_model_output
 from samplers.solvers._vp import SampleResult, SolverOutput, check_off
 
 FLOW_SOLVERS = ("euler", "heun")
@@ -268,6 +269,7 @@ class FlowMatchSolverScheduler(SchedulerMixin, ConfigMixin):
             out = sample
             x0 = sample
         else:
+            check_model_output(model_output, self, timestep, i)
             s, s_next = float(self.sigmas[i]), float(self.sigmas[i + 1])
             x, v = sample.double(), model_output.double()
             x0 = x - s * v
