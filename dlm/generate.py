@@ -14,68 +14,11 @@ import torch
 from tqdm.auto import tqdm
 
 from dlm.adapters import DLMAdapter
+from dlm.outputs import GenerateOutput, StepTrace
 from dlm.schedule import block_budget, tokens_this_step, validate_lengths
 from samplers import Sampler, StepContext, get_sampler
 
 KV_CACHE_MODES = ("none", "prefix", "dual", "prompt", "auto")
-
-
-@dataclass
-class StepTrace:
-    """One forward pass of the loop.
-
-    Attributes:
-        block: block index. step: step index inside the block. nfe: forward passes so far.
-        rows: `[R]` batch rows decoded by this step. committed: `[R]` tokens committed (net of remasking).
-        masks_left: `[R]` masks left in the block after the step. full_forward: False for a cached window
-        (and for a step that reused the logits a lookahead call returned).
-        forwards: forward passes this step cost (0 when it reused lookahead logits, 1 plain, +1 per
-        `ctx.forward` call). branch_forwards: per row, the rows of those passes (a lookahead call on
-        k candidates counts k).
-        tokens: `[R, Lb]` block tokens after the step, kept only when `return_trace=True`.
-    """
-
-    block: int
-    step: int
-    nfe: int
-    rows: torch.Tensor
-    committed: torch.Tensor
-    masks_left: torch.Tensor
-    full_forward: bool
-    forwards: int = 1
-    branch_forwards: int = 1
-    tokens: torch.Tensor | None = None
-
-
-@dataclass
-class GenerateOutput:
-    """Result of `generate`.
-
-    Attributes:
-        sequences: `[B, P + gen_length]` long, prompt (unchanged) followed by the generation.
-        nfe: model forward passes (a batched call counts once; a cached window call counts once;
-            a lookahead `ctx.forward` call over k candidates per row counts once).
-        branch_forwards: forward passes counted per evaluated branch (per sequence): a plain pass
-            adds 1, a lookahead call over k candidates adds k. Equals `nfe` for samplers that do
-            not look ahead; the gap is the compute a lookahead sampler spends beyond its NFE.
-        tpf: tokens per forward, `gen_length / nfe` (per sequence).
-        seconds: wall time of the loop.
-        forward_tokens: query positions processed over all calls and rows (compute proxy).
-        steps_per_block: forward passes each block actually used.
-        trace: per-step records when `return_trace=True`.
-        experts: for an ensemble (`sampler="hex"`), a `dlm.ensemble.HexExperts` with every
-            expert's output and answer; None otherwise.
-    """
-
-    sequences: torch.Tensor
-    nfe: int
-    tpf: float
-    seconds: float
-    forward_tokens: int
-    steps_per_block: list[int]
-    trace: list[StepTrace] = field(default_factory=list)
-    branch_forwards: int = 0
-    experts: Any = None
 
 
 def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, cache_refresh_every):

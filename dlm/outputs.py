@@ -1,0 +1,69 @@
+"""Results of the decoding loops (masked and uniform-noise): dataclasses with their shapes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class StepTrace:
+    """One forward pass of the loop.
+
+    Attributes:
+        block: block index. step: step index inside the block. nfe: forward passes so far.
+        rows: `[R]` batch rows decoded by this step. committed: `[R]` tokens committed (net of remasking).
+        masks_left: `[R]` masks left in the block after the step. full_forward: False for a cached window
+        (and for a step that reused the logits a lookahead call returned).
+        forwards: forward passes this step cost (0 when it reused lookahead logits, 1 plain, +1 per
+        `ctx.forward` call). branch_forwards: per row, the rows of those passes (a lookahead call on
+        k candidates counts k).
+        tokens: `[R, Lb]` block tokens after the step, kept only when `return_trace=True`.
+    """
+
+    block: int
+    step: int
+    nfe: int
+    rows: torch.Tensor
+    committed: torch.Tensor
+    masks_left: torch.Tensor
+    full_forward: bool
+    forwards: int = 1
+    branch_forwards: int = 1
+    tokens: torch.Tensor | None = None
+
+
+@dataclass
+class GenerateOutput:
+    """Result of `generate`.
+
+    Attributes:
+        sequences: `[B, P + gen_length]` long, prompt (unchanged) followed by the generation.
+        nfe: model forward passes (a batched call counts once; a cached window call counts once;
+            a lookahead `ctx.forward` call over k candidates per row counts once).
+        branch_forwards: forward passes counted per evaluated branch (per sequence): a plain pass
+            adds 1, a lookahead call over k candidates adds k. Equals `nfe` for samplers that do
+            not look ahead; the gap is the compute a lookahead sampler spends beyond its NFE.
+        tpf: tokens per forward, `gen_length / nfe` (per sequence).
+        seconds: wall time of the loop.
+        forward_tokens: query positions processed over all calls and rows (compute proxy).
+        steps_per_block: forward passes each block actually used.
+        trace: per-step records when `return_trace=True`.
+        experts: for an ensemble (`sampler="hex"`), a `dlm.ensemble.HexExperts` with every
+            expert's output and answer; None otherwise.
+        nfe_per_sequence: `[B]` long, forward passes each row took part in (uniform-noise models:
+            transformers' DiffusionGemma count of decoder forwards per sequence); None on the
+            masked engine, where every row of a call shares `nfe`.
+    """
+
+    sequences: torch.Tensor
+    nfe: int
+    tpf: float
+    seconds: float
+    forward_tokens: int
+    steps_per_block: list[int]
+    trace: list[StepTrace] = field(default_factory=list)
+    branch_forwards: int = 0
+    experts: Any = None
+    nfe_per_sequence: torch.Tensor | None = None

@@ -1,0 +1,508 @@
+"""Uniform-noise block diffusion (DiffusionGemma): the canvas loop and its two step rules.
+
+transformers' `DiffusionGemmaForBlockDiffusion` (Google's DiffusionGemma) has no mask token. A causal
+encoder reads the prompt and every finished canvas into a KV cache; a bidirectional decoder denoises
+one canvas of `canvas_length` tokens at a time against that cache, fed its previous step's logits
+(self-conditioning, Chen et al. 2022). A canvas starts as uniformly random tokens; each step accepts
+some positions and renoises the rest (Austin et al. 2021; Schiff et al. 2024; Sahoo et al. 2025).
+
+The loop below reads in the numbered phases of transformers' own `generate`:
+
+    0. prepare: resolve the generation config, masks, positions, the cache
+    1. per canvas:
+       a. encode: the prompt (first canvas) or the previous canvas into the KV cache
+       b. start: a canvas of random tokens, the rule's per-canvas state
+       c. per step: forward (decoder, live rows only) -> score, accept, renoise, stop (the rule)
+       d. append the canvas's tokens; e. EOS / pad bookkeeping, stop when every row is done
+    2. finalize: the `GenerateOutput`
+
+What differs between decoding policies lives in a *rule* object (`EntropyBoundRule`, transformers'
+rule; `AcceptRule`, any masked-diffusion sampler of ours with "commit" read as "accept"), and what
+is particular to the model in `DiffusionGemmaCanvasModel`; the loop has no branch on either.
+
+Exactness with transformers (same `torch.manual_seed`, same tokens and shape): the per-canvas
+preparation calls transformers' own helpers (config resolution, encoder masks, finalisation), the
+per-step arithmetic is the same operations (`samplers.unmasking.entropy_bound`), and the random
+stream is drawn in the same order and amounts: one `randint` per canvas, one multinomial-sized
+exponential draw and one `randint` per step, over every row of the batch, even for rows that
+stopped denoising (transformers keeps computing them; we only keep drawing their random numbers).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from dlm.outputs import GenerateOutput, StepTrace
+from dlm.schedule import block_budget, tokens_this_step
+from samplers import Sampler, StepContext
+from samplers.unmasking.entropy_bound import (EntropyBoundConfig, StableConfidentStop, categorical_entropy,
+                                              entropy_bound_accept, exponential_race, linear_temperature)
+
+UNIFORM_MODEL_TYPES = ("diffusion_gemma",)
+# The "mask" id our masked samplers see for a position not accepted yet: DiffusionGemma has no mask
+# token (transformers' diffusers pipeline uses -1 too), and -1 can never be a real token.
+UNACCEPTED = -1
+
+
+def is_uniform_noise_model(model: Any) -> bool:
+    """True for a transformers `DiffusionGemmaForBlockDiffusion` (or any model of that config type
+    with an encoder/decoder pair)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "model_type", None) in UNIFORM_MODEL_TYPES and hasattr(getattr(model, "model", None), "encoder")
+
+
+# --------------------------------------------------------------------------------------------------
+# The model: encoder/decoder calls of DiffusionGemma, row subsets of its cache
+# --------------------------------------------------------------------------------------------------
+class DiffusionGemmaCanvasModel:
+    """The calls the canvas loop makes on a `DiffusionGemmaForBlockDiffusion`.
+
+    Attributes: canvas_length C, vocab_size V, embed_dtype (the self-conditioning logits' dtype)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.canvas_length = int(model.config.canvas_length)
+        self.vocab_size = int(model.config.text_config.vocab_size)
+        self.embed_dtype = model.model.decoder.embed_tokens.weight.dtype
+
+    def encode(self, input_ids, attention_mask, cache, position_ids, is_prefill: bool):
+        """Phase 1.a: the unseen tokens (all of `input_ids` at prefill, else its last canvas) into
+        `cache`, with transformers' own mask construction. input_ids `[B, T]`, attention_mask `[B, T]`."""
+        m = self.model
+        new_ids, mask_mapping = m._prepare_encoder_inputs(
+            input_ids=input_ids, attention_mask=attention_mask, encoder_position_ids=position_ids, cache=cache,
+            is_prefill=is_prefill, canvas_length=self.canvas_length, batch_size=input_ids.shape[0])
+        return m.model.encoder(input_ids=new_ids, attention_mask=mask_mapping, cache=cache,
+                               position_ids=position_ids).cache
+
+    def decoder_masks(self, decoder_attention_mask, cache, canvas):
+        """The decoder's attention masks for `canvas [R, C]` against `cache` (the same rows)."""
+        return self.model.model.decoder.create_diffusion_decoder_attention_mask(
+            config=self.model.config, inputs_embeds=canvas.unsqueeze(-1), cache=cache,
+            decoder_attention_mask=decoder_attention_mask)
+
+    def decode(self, canvas, self_conditioning, masks, cache, positions) -> torch.Tensor:
+        """One decoder forward: logits `[R, C, V]` float32 for `canvas [R, C]`."""
+        return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning,
+                          decoder_attention_mask=masks, cache=cache, decoder_position_ids=positions).logits
+
+
+def select_cache_rows(cache, rows: torch.Tensor, repeat: int = 1):
+    """A cache holding only `rows` of `cache` (each repeated `repeat` times, row-major), sharing
+    nothing mutable with it: the layers are shallow copies whose K/V are new tensors."""
+    out = copy.copy(cache)
+    out.layers = []
+    for layer in cache.layers:
+        new = copy.copy(layer)
+        new.keys, new.values = layer.keys[rows], layer.values[rows]
+        if repeat > 1:
+            new.keys = new.keys.repeat_interleave(repeat, dim=0)
+            new.values = new.values.repeat_interleave(repeat, dim=0)
+        out.layers.append(new)
+    return out
+
+
+class _LiveDecoder:
+    """Runs the decoder on a subset of the batch, rebuilding the row-selected cache and masks only
+    when the subset changes (rows only ever leave within a canvas)."""
+
+    def __init__(self, canvas_model: DiffusionGemmaCanvasModel, cache, decoder_attention_mask, positions, batch: int):
+        self.cm, self.cache, self.mask2d, self.positions = canvas_model, cache, decoder_attention_mask, positions
+        self.batch = batch
+        self._rows_key, self._cache, self._masks = None, None, None
+        self.forward_tokens = 0
+
+    def _prepared(self, rows: torch.Tensor, canvas: torch.Tensor):
+        key = tuple(rows.tolist())  # rows leave, and come back at a new sub-block: key on the set
+        if self._rows_key != key:
+            every = rows.numel() == self.batch
+            self._cache = self.cache if every else select_cache_rows(self.cache, rows)
+            mask2d = self.mask2d if every else self.mask2d[rows]
+            self._masks = self.cm.decoder_masks(mask2d, self._cache, canvas)
+            self._rows_key = key
+        return self._cache, self._masks
+
+    def __call__(self, canvas: torch.Tensor, self_conditioning, rows: torch.Tensor) -> torch.Tensor:
+        cache, masks = self._prepared(rows, canvas)
+        self.forward_tokens += canvas.numel()
+        return self.cm.decode(canvas, self_conditioning, masks, cache, self.positions)
+
+    def branches(self, canvases: torch.Tensor, self_conditioning, rows: torch.Tensor, k: int) -> torch.Tensor:
+        """Logits `[R*k, C, V]` for `canvases [R*k, C]`: each of `rows` repeated k times."""
+        cache = select_cache_rows(self.cache, rows, repeat=k)
+        masks = self.cm.decoder_masks(self.mask2d[rows].repeat_interleave(k, dim=0), cache, canvases)
+        sc = None if self_conditioning is None else self_conditioning.repeat_interleave(k, dim=0)
+        self.forward_tokens += canvases.numel()
+        return self.cm.decode(canvases, sc, masks, cache, self.positions)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rules: score, accept, renoise, stop
+# --------------------------------------------------------------------------------------------------
+class EntropyBoundRule:
+    """DiffusionGemma's rule (see `samplers.unmasking.entropy_bound`), for one canvas at a time.
+
+    `generator=None` draws from the global torch RNG in transformers' order and amounts (exact mode);
+    with a generator, only the live rows' randomness is drawn (sampler mode). The canvas output is
+    the last argmax. State per row is O(C) beyond the self-conditioning logits (the current logits)."""
+
+    def __init__(self, config: EntropyBoundConfig, max_steps: int, vocab_size: int, canvas_length: int,
+                 embed_dtype: torch.dtype, generator: torch.Generator | None = None, full_stream: bool = True):
+        self.config, self.max_steps, self.V, self.C = config, max_steps, vocab_size, canvas_length
+        self.embed_dtype, self.generator, self.full_stream = embed_dtype, generator, full_stream
+        self.stop = (StableConfidentStop(config.stability_threshold, config.confidence_threshold)
+                     if config.confidence_threshold is not None else None)
+
+    def start(self, batch: int, device: torch.device, finished_sequences: torch.Tensor) -> None:
+        self.batch = batch
+        self.canvas = torch.randint(0, self.V, (batch, self.C), device=device, generator=self.generator)
+        self.argmax = self.canvas
+        self.self_conditioning = None  # [B, C, V] after the first step
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        if self.stop is not None:
+            self.stop.reset(batch, self.C, device)
+        # transformers keeps running rows whose sequence already ended (their canvas becomes pad):
+        # they decide how many steps the batch runs, so they stay here too.
+        self.skip = torch.zeros_like(self.done) if self.full_stream else finished_sequences.clone()
+
+    def budget(self) -> int:
+        return self.max_steps
+
+    def live_rows(self) -> torch.Tensor:
+        return (~(self.done | self.skip)).nonzero().squeeze(1)
+
+    def self_conditioning_for(self, rows: torch.Tensor):
+        return None if self.self_conditioning is None else self.self_conditioning[rows]
+
+    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder) -> int:
+        """Phases score/accept/renoise/stop for `rows` (`[R]`), logits `[R, C, V]`. Returns forwards
+        spent beyond the one the loop ran (0)."""
+        R, C, V = logits.shape
+        processed = logits / linear_temperature(self.max_steps - step, self.max_steps, self.config.t_min,
+                                                self.config.t_max, device=logits.device)
+        probs = torch.softmax(processed, dim=-1, dtype=torch.float32).view(R * C, V)
+        every = R == self.batch
+        flat_rows = None if every else (rows.unsqueeze(1) * C + torch.arange(C, device=rows.device)).reshape(-1)
+        sampled = exponential_race(probs, self.generator, rows=flat_rows if self.full_stream else None,
+                                   total_rows=self.batch * C if self.full_stream else None).view(R, C)
+        del probs
+        entropy = categorical_entropy(processed)  # once: transformers computes it twice
+        accepted = entropy_bound_accept(entropy, self.config.entropy_bound)
+        noise_rows = self.batch if self.full_stream else R
+        noise = torch.randint(0, V, (noise_rows, C), device=logits.device, generator=self.generator)
+        if self.full_stream and not every:
+            noise = noise[rows]
+        new_canvas = torch.where(accepted, sampled, noise)
+        new_argmax = processed.argmax(dim=-1)
+        if self.self_conditioning is None:
+            self.self_conditioning = processed.new_zeros((self.batch, C, V), dtype=self.embed_dtype)
+        if every:
+            self.canvas, self.argmax = new_canvas, new_argmax
+            self.self_conditioning = processed.to(self.embed_dtype)
+        else:
+            self.canvas, self.argmax = self.canvas.clone(), self.argmax.clone()
+            self.canvas[rows], self.argmax[rows] = new_canvas, new_argmax
+            self.self_conditioning[rows] = processed.to(self.embed_dtype)
+        if self.stop is not None:
+            self.done[rows] |= self.stop(new_argmax, entropy, None if every else rows)
+        return 0
+
+    def all_done(self) -> bool:
+        return bool((self.done | self.skip).all())
+
+    def tokens(self) -> torch.Tensor:
+        return self.argmax
+
+
+class AcceptRule:
+    """Any masked-diffusion sampler of ours on a uniform-noise model: "commit" reads "accept".
+
+    Per canvas, positions start not accepted (the sampler sees them as `UNACCEPTED`, its mask id);
+    each step the sampler decides from the logits which to accept (and, if it remasks, which to
+    un-accept), the driver's contract applies (progress every step, everything accepted by the last
+    step of the budget), and every position not accepted gets a fresh random token from the
+    generator before the next forward. Accepted positions keep their token; the canvas output is
+    the accepted tokens. `block_length` < C splits the canvas into sub-blocks decoded in order (the
+    semi-autoregressive schedule HEX's experts vary). The decoder's self-conditioning input is the
+    logits at the model's own temperature schedule (`t_max -> t_min` over the canvas's budget), the
+    signal DiffusionGemma was trained with; the sampler's `temperature` only shapes its own draws.
+
+    Look-ahead samplers (`lopa`): `ctx.forward` runs the decoder on k candidate canvases per row
+    (their unaccepted positions renoised) against the shared cache, one forward of the budget per
+    call; its logits are not reused for the next step, since the next canvas is renoised afresh.
+    """
+
+    def __init__(self, policy: Sampler, steps: int, canvas_length: int, block_length: int, vocab_size: int,
+                 embed_dtype: torch.dtype, temperature: float, generator: torch.Generator | None,
+                 t_min: float, t_max: float, state: dict, enforce: Callable):
+        self.policy, self.C, self.block, self.V = policy, canvas_length, block_length, vocab_size
+        self.embed_dtype, self.temperature, self.generator = embed_dtype, temperature, generator
+        self.t_min, self.t_max, self.state, self.enforce = t_min, t_max, state, enforce
+        self.steps = steps  # this canvas's budget
+        self.block_start = 0  # absolute position of the canvas, set by the loop
+
+    def start(self, batch: int, device: torch.device, finished_sequences: torch.Tensor) -> None:
+        self.batch = batch
+        self.canvas = torch.randint(0, self.V, (batch, self.C), device=device, generator=self.generator)
+        self.accepted = torch.zeros(batch, self.C, dtype=torch.bool, device=device)
+        self.self_conditioning = None
+        self.skip = finished_sequences.clone()  # rows whose sequence ended leave the decoder batch
+        self.sub_blocks = self.C // self.block
+        self.sub, self.sub_used, self.spent_before_sub = 0, 0, 0
+        self.sub_budget = block_budget(self.steps, self.sub_blocks)
+        self.last_trace = None
+
+    def budget(self) -> int:
+        return self.steps
+
+    def _window(self) -> tuple[int, int]:
+        return self.sub * self.block, (self.sub + 1) * self.block
+
+    def live_rows(self) -> torch.Tensor:
+        lo, hi = self._window()
+        open_rows = ~self.accepted[:, lo:hi].all(dim=1)
+        return (open_rows & ~self.skip).nonzero().squeeze(1)
+
+    def self_conditioning_for(self, rows):
+        return None if self.self_conditioning is None else self.self_conditioning[rows]
+
+    def _renoise(self, tokens: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+        noise = torch.randint(0, self.V, tokens.shape, device=tokens.device, generator=self.generator)
+        return torch.where(accepted, tokens, noise)
+
+    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder) -> int:
+        lo, hi = self._window()
+        left_in_budget = self.sub_budget - self.sub_used
+        x_full = torch.where(self.accepted[rows], self.canvas[rows], torch.full_like(self.canvas[rows], UNACCEPTED))
+        block_x = x_full[:, lo:hi]
+        candidates = block_x == UNACCEPTED
+        masks_left = candidates.sum(dim=1)
+        last = left_in_budget <= 1
+        lookahead = None
+        if self.policy.looks_ahead and not last:
+            lookahead = _CanvasLookahead(self, decoder, rows, x_full, lo, hi, left_in_budget - 1)
+        ctx = StepContext(
+            x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, left_in_budget),
+            step=self.sub_used, steps_in_block=self.sub_budget, last_step=last, temperature=self.temperature,
+            generator=self.generator, mask_token_id=UNACCEPTED, block_start=self.block_start + lo, state=self.state,
+            rows=rows, forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left)
+        block_logits = logits[:, lo:hi]
+        result = self.policy.step(block_logits, ctx)
+        new_block = self.enforce(result, block_x, candidates, masks_left, self.policy.remasks, last, UNACCEPTED)
+        extra = 0 if lookahead is None else lookahead.calls
+        if extra and self.sub_used + 1 + extra >= self.sub_budget:
+            new_block = torch.where(new_block == UNACCEPTED, result.proposal, new_block)
+        self.sub_used += 1 + extra
+        x_full[:, lo:hi] = new_block
+        accepted = x_full != UNACCEPTED
+        tokens = torch.where(accepted, x_full, self.canvas[rows])
+        self.accepted[rows] = accepted
+        self.canvas[rows] = self._renoise(tokens, accepted)
+        temperature = linear_temperature(self.steps - step, max(self.steps, 1), self.t_min, self.t_max,
+                                         device=logits.device)
+        if self.self_conditioning is None:
+            self.self_conditioning = logits.new_zeros((self.batch, self.C, self.V), dtype=self.embed_dtype)
+        self.self_conditioning[rows] = (logits / temperature).to(self.embed_dtype)
+        self.last_trace = (masks_left - (new_block == UNACCEPTED).sum(dim=1), (new_block == UNACCEPTED).sum(dim=1))
+        self._advance_sub_block()
+        return extra
+
+    def _advance_sub_block(self) -> None:
+        """Move to the next sub-block once every row of the batch has accepted all of this one; its
+        budget is the fair share of what the canvas has left (unused passes roll over)."""
+        lo, hi = self._window()
+        while self.sub < self.sub_blocks - 1 and bool((self.accepted[:, lo:hi].all(dim=1) | self.skip).all()):
+            self.spent_before_sub += self.sub_used
+            self.sub += 1
+            self.sub_used = 0
+            self.sub_budget = block_budget(self.steps - self.spent_before_sub, self.sub_blocks - self.sub)
+            lo, hi = self._window()
+
+    def all_done(self) -> bool:
+        return bool((self.accepted.all(dim=1) | self.skip).all())
+
+    def tokens(self) -> torch.Tensor:
+        return self.canvas
+
+
+class _CanvasLookahead:
+    """`ctx.forward` for a look-ahead sampler on a canvas: candidates `[R, k, Lb]` (the sub-block,
+    `UNACCEPTED` where not accepted) -> logits `[R, k, Lb, V]`, one batched decoder call."""
+
+    def __init__(self, rule: AcceptRule, decoder: _LiveDecoder, rows, x_full, lo, hi, allowance: int):
+        self.rule, self.decoder, self.rows, self.x_full, self.lo, self.hi = rule, decoder, rows, x_full, lo, hi
+        self.allowance, self.calls, self.branches = allowance, 0, 0
+
+    @property
+    def left(self) -> int:
+        return self.allowance - self.calls
+
+    def __call__(self, candidates: torch.Tensor) -> torch.Tensor:
+        R, Lb = self.x_full.shape[0], self.hi - self.lo
+        if candidates.dim() != 3 or candidates.shape[0] != R or candidates.shape[2] != Lb or candidates.dtype != torch.long:
+            raise ValueError(f"ctx.forward needs candidates of shape [{R}, k, {Lb}] (torch.long), got "
+                             f"{tuple(candidates.shape)} {candidates.dtype}")
+        if self.left <= 0:
+            raise RuntimeError("ctx.forward: the canvas's step budget is spent; check ctx.forwards_left before calling")
+        k = candidates.shape[1]
+        x = self.x_full.repeat_interleave(k, dim=0)
+        x[:, self.lo:self.hi] = candidates.reshape(R * k, Lb)
+        accepted = x != UNACCEPTED
+        canvases = self.rule._renoise(torch.where(accepted, x, torch.zeros_like(x)), accepted)
+        sc = self.rule.self_conditioning_for(self.rows)
+        logits = self.decoder.branches(canvases, sc, self.rows, k)[:, self.lo:self.hi]
+        self.calls += 1
+        self.branches += k
+        return logits.reshape(R, k, Lb, -1)
+
+
+# --------------------------------------------------------------------------------------------------
+# The loop
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class CanvasPlan:
+    """What the loop needs besides the model and the rule: lengths, ids, budgets.
+
+    max_new_tokens: tokens to generate (rounded up to whole canvases). eos_token_id: list or None.
+    pad_token_id: int or None. steps: total forward budget over all canvases (None: each canvas runs
+    its rule's own budget, transformers' `max_denoising_steps`)."""
+
+    max_new_tokens: int
+    eos_token_id: list[int] | None
+    pad_token_id: int | None
+    steps: int | None = None
+
+
+def _finalize_canvas(input_ids, finished, plan: CanvasPlan, canvas_length: int):
+    """Phase 1.e: which rows ended (EOS in the new canvas), and pad after EOS / in ended rows, with
+    transformers' own bookkeeping so the returned shape and padding are identical."""
+    from transformers.generation import EosTokenCriteria, StoppingCriteriaList
+
+    criteria = StoppingCriteriaList()
+    if plan.eos_token_id is not None:
+        criteria.append(EosTokenCriteria(plan.eos_token_id))
+    eos = None if plan.eos_token_id is None else torch.tensor(plan.eos_token_id, device=input_ids.device)
+    holder = _GC(plan.pad_token_id, plan.eos_token_id)
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    return DiffusionGemmaForBlockDiffusion._finalize_canvas(input_ids, finished, holder, criteria, canvas_length, eos)
+
+
+@dataclass
+class _GC:
+    """The two generation-config fields transformers' canvas finalisation reads."""
+
+    pad_token_id: int | None
+    eos_token_id: Any
+
+
+def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 plan: CanvasPlan, make_rule: Callable[[int, int], Any], *, callback=None, return_trace: bool = False,
+                 progress: bool = False, nonfinite_check: Callable | None = None) -> GenerateOutput:
+    """The canvas loop (phases in the module docstring). `make_rule(canvas_index, budget)` gives the
+    rule for each canvas (`budget` is that canvas's share of `plan.steps`, or None).
+
+    Shapes: input_ids `[B, P]`, attention_mask `[B, P]` (1 real, 0 left padding) or None. Returns
+    `GenerateOutput.sequences [B, P + n*C]` with n canvases generated (fewer than the requested
+    number when every row has ended), `nfe` decoder calls (batched), `nfe_per_sequence [B]` decoder
+    forwards each row took part in (transformers' count)."""
+    from transformers import DynamicCache
+    from tqdm.auto import tqdm
+
+    # 0. prepare
+    model = canvas_model.model
+    C = canvas_model.canvas_length
+    device = input_ids.device
+    batch, prompt_length = input_ids.shape
+    n_canvases = math.ceil(plan.max_new_tokens / C)
+    cur_len = prompt_length
+    mask2d = (attention_mask.bool() if attention_mask is not None
+              else torch.ones((batch, prompt_length), dtype=torch.bool, device=device))
+    decoder_mask2d = torch.nn.functional.pad(mask2d, (0, C), value=True)
+    enc_positions = torch.arange(0, cur_len, dtype=torch.int32, device=device).unsqueeze(0)
+    dec_positions = torch.arange(cur_len, cur_len + C, dtype=torch.int32, device=device).unsqueeze(0)
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    sequences = input_ids.clone()
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    per_row_nfe = torch.zeros(batch, dtype=torch.long, device=device)
+    nfe = forward_tokens = branch_forwards = 0
+    steps_left = plan.steps
+    steps_per_block: list[int] = []
+    trace: list[StepTrace] = []
+    bar = tqdm(total=plan.steps or n_canvases, desc="dlm canvases", unit="nfe" if plan.steps else "canvas",
+               disable=not progress, leave=False)
+    started = time.perf_counter()
+
+    for index in range(n_canvases):
+        # 1.a encode the prompt or the previous canvas
+        cache = canvas_model.encode(sequences, mask2d, cache, enc_positions, is_prefill=index == 0)
+        forward_tokens += batch * (prompt_length if index == 0 else C)
+        # 1.b a canvas of random tokens and the rule's state
+        budget = None if steps_left is None else block_budget(steps_left, n_canvases - index)
+        rule = make_rule(index, budget)
+        rule.block_start = cur_len
+        rule.start(batch, device, finished)
+        decoder = _LiveDecoder(canvas_model, cache, decoder_mask2d, dec_positions, batch)
+        used = 0
+        # 1.c denoising steps
+        for step in range(rule.budget()):
+            rows = rule.live_rows()
+            if rows.numel() == 0 or used >= rule.budget():
+                break
+            per_row_nfe[rows] += 1
+            canvas = rule.canvas[rows] if rows.numel() < batch else rule.canvas
+            logits = decoder(canvas, rule.self_conditioning_for(rows) if rows.numel() < batch
+                             else rule.self_conditioning, rows)
+            if nonfinite_check is not None:
+                nonfinite_check(logits, index, step)
+            extra = rule.step(logits, rows, step, decoder)
+            used += 1 + extra
+            nfe += 1 + extra
+            branch_forwards += 1 + extra * getattr(rule, "branch_width", 1)
+            bar.update(1 + extra if plan.steps else 0)
+            if callback is not None or return_trace:
+                record = StepTrace(index, step, nfe, rows, *(_trace_counts(rule, rows)), True, 1 + extra, 1 + extra,
+                                   rule.tokens()[rows].clone() if return_trace else None)
+                if callback is not None:
+                    callback(record)
+                if return_trace:
+                    trace.append(record)
+            if rule.all_done():
+                break
+        forward_tokens += decoder.forward_tokens
+        steps_per_block.append(used)
+        if steps_left is not None:
+            steps_left -= used
+        # 1.d append the canvas; 1.e EOS and pad
+        sequences = torch.cat([sequences, rule.tokens()], dim=-1)
+        sequences, finished = _finalize_canvas(sequences, finished, plan, C)
+        if not plan.steps:
+            bar.update(1)
+        if bool(finished.all()):
+            break
+        # 1.f the next canvas's masks and positions (transformers' helper: same padding semantics)
+        cur_len, decoder_mask2d, mask2d, enc_positions, dec_positions = model._prepare_kwargs_for_next_canvas(
+            attention_mask=mask2d, decoder_attention_mask=decoder_mask2d, decoder_position_ids=dec_positions,
+            canvas_length=C, cur_len=cur_len)
+    bar.close()
+
+    # 2. finalize
+    generated = sequences.shape[1] - prompt_length
+    return GenerateOutput(
+        sequences=sequences, nfe=nfe, tpf=generated / max(nfe, 1), seconds=time.perf_counter() - started,
+        forward_tokens=forward_tokens, steps_per_block=steps_per_block, trace=trace,
+        branch_forwards=branch_forwards, nfe_per_sequence=per_row_nfe)
+
+
+def _trace_counts(rule, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accepted this step, not accepted after it) per row, for the step trace."""
+    last = getattr(rule, "last_trace", None)
+    if last is not None:
+        return last
+    zeros = torch.zeros(rows.numel(), dtype=torch.long, device=rows.device)
+    return zeros, zeros
