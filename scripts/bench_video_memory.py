@@ -1,8 +1,9 @@
 """Peak activation memory and wall time of one denoising step, with and without streamline.
 
 Each configuration runs in its own subprocess. Memory: Linux peak resident set size (VmHWM) of
-that subprocess, reset via /proc/self/clear_refs after the model and inputs exist, minus the
-resident size at that moment -> peak activation memory of the UNet forward. Time: best of --reps
+that subprocess, reset via /proc/self/clear_refs after the model and inputs exist and ``--warmup``
+forwards (default 1) have run, minus the resident size at that moment -> peak activation memory of
+the UNet forward (the warm-up keeps lazy imports and one-time kernel set-up out of it). Time: best of --reps
 forwards. Output equality: max abs difference of the sliced output vs the unsliced one.
 
 Allocator (``--allocator``, default ``live``): with glibc's default policy, memory freed by the
@@ -15,11 +16,26 @@ returned to the OS when freed: peak RSS then tracks the peak of live tensor memo
     OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model svd --frames 16 --size 48
     OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model latte --frames 16 --size 32
 
+    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model wan --frames 16 --size 32 --slices 32
+    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model cogvideox --frames 16 --size 32 --slices 32
+    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model hunyuan --frames 16 --size 32 --slices 32
+
+Every run measures, in the same invocation and on the same model: ``unsliced`` (diffusers' default
+forward), ``streamlined`` (``video.streamline``) and each of diffusers' own memory options that
+applies to the model (``--options``, default: all that apply): ``forward_chunking``
+(``enable_forward_chunking(chunk_size=1)``, UNets that offer it), ``backend:_native_math``
+(``set_attention_backend``: attention through the math kernel, which materialises the scores; the
+default ``native`` SDPA already runs a flash kernel on CPU), ``vae_tiling`` / ``vae_slicing`` /
+``vae_framewise`` for the VAE models.
+
 --model animatediff: a tiny random UNetMotionModel; --model svd: a tiny random
 UNetSpatioTemporalConditionModel (Stable Video Diffusion's UNet); --model latte: a tiny random
 LatteTransformer3DModel (video transformer, patch size 2); --model svd-vae: a tiny random
 AutoencoderKLTemporalDecoder (SVD's VAE, channels 32/64) decoding the whole clip, unsliced vs
-``video.vae.decode_sliced`` (one pass, sliced operators; --size is the latent size, pixels 2x).
+``video.vae.decode_sliced`` (one pass, sliced operators; --size is the latent size, pixels 2x);
+--model wan / cogvideox / hunyuan: tiny random full-attention video DiTs (WanTransformer3DModel,
+CogVideoXTransformer3DModel, HunyuanVideoTransformer3DModel; 12 heads x 16 = 192 wide, 2 blocks
+(HunyuanVideo: 1 dual-stream + 1 single-stream), patch 2, 7 text tokens), ``--slices`` token spans.
 """
 
 import argparse
@@ -40,6 +56,30 @@ def _kb(field):
     raise RuntimeError(field)
 
 
+DITS = ("wan", "cogvideox", "hunyuan")
+OPTIONS = {"animatediff": ("forward_chunking",), "svd": ("forward_chunking",), "latte": (), "svd-vae": (),
+           "wan": ("backend:_native_math",), "cogvideox": (), "hunyuan": ("backend:_native_math",)}
+
+
+def _dit(args):
+    """A tiny random full-attention video DiT and its forward on 16+ frames (``video_tiny`` builders)."""
+    from video_tiny import (cogvideox_inputs, hunyuan_inputs, tiny_cogvideox, tiny_hunyuan, tiny_wan,
+                            wan_inputs)
+
+    size = dict(frames=args.frames, size=args.size)
+    if args.model == "wan":
+        m = tiny_wan(heads=12, head_dim=16, layers=2)
+        x, t, ehs = wan_inputs(**size)
+        return m, lambda: m(x, t, ehs).sample
+    if args.model == "cogvideox":
+        m = tiny_cogvideox(heads=12, head_dim=16, layers=2)
+        x, ehs, t, rope = cogvideox_inputs(head_dim=16, **size)
+        return m, lambda: m(x, ehs, t, image_rotary_emb=rope).sample
+    m = tiny_hunyuan(heads=12, head_dim=16, layers=1, single_layers=1)
+    x, t, ehs, mask, pooled = hunyuan_inputs(**size)
+    return m, lambda: m(x, t, ehs, mask, pooled).sample
+
+
 def child(args):
     import time
 
@@ -52,7 +92,9 @@ def child(args):
 
     import video
 
-    if args.model == "svd-vae":  # Stable Video Diffusion's temporal VAE decoder, whole clip
+    if args.model in DITS:
+        unet, forward = _dit(args)
+    elif args.model == "svd-vae":  # Stable Video Diffusion's temporal VAE decoder, whole clip
         from diffusers import AutoencoderKLTemporalDecoder
 
         from video.vae import decode_sliced
@@ -64,7 +106,7 @@ def child(args):
         flat = lat.permute(0, 2, 1, 3, 4).reshape(args.frames, 4, args.size, args.size)
 
         def forward():
-            if args.slices > 1:
+            if args.variant == "streamlined":
                 return decode_sliced(unet, lat, args.slices, args.tslices)
             return unet.decode(flat / unet.config.scaling_factor, num_frames=args.frames).sample.reshape(
                 1, args.frames, 3, 2 * args.size, 2 * args.size).permute(0, 2, 1, 3, 4)
@@ -86,10 +128,19 @@ def child(args):
 
         def forward():
             return unet(x, t, ehs).sample
-    if args.slices > 1 and args.model != "svd-vae":
-        video.streamline(unet, slices=args.slices, temporal_slices=args.tslices)
+    if args.variant == "streamlined" and args.model != "svd-vae":
+        if args.model in DITS:
+            video.streamline(unet, slices=args.slices, head_slices=args.head_slices)
+        else:
+            video.streamline(unet, slices=args.slices, temporal_slices=args.tslices)
+    elif args.variant == "forward_chunking":
+        unet.enable_forward_chunking(chunk_size=1)
+    elif args.variant.startswith("backend:"):
+        unet.set_attention_backend(args.variant.split(":", 1)[1])
     times = []
     with torch.inference_mode():
+        for _ in range(args.warmup):  # lazy imports and one-time kernel set-up are not activations
+            forward()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset VmHWM to the current RSS
         base = _kb("VmRSS")
@@ -104,43 +155,71 @@ def child(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=("animatediff", "svd", "latte", "svd-vae"), default="animatediff")
+    ap.add_argument("--model", choices=tuple(OPTIONS), default="animatediff")
     ap.add_argument("--frames", type=int, default=16)
     ap.add_argument("--size", type=int, default=32, help="latent height = width")
     ap.add_argument("--slices", type=int, default=16)
     ap.add_argument("--tslices", type=int, default=4)
+    ap.add_argument("--head-slices", type=int, default=2, help="DiTs: groups of attention heads run in turn")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1, help="forwards run before the peak is reset (not timed)")
+    ap.add_argument("--options", default=None,
+                    help="comma-separated diffusers options to measure beside ours (default: all that apply "
+                         "to --model; 'none' for none)")
     ap.add_argument("--allocator", choices=("live", "default"), default="live",
                     help="live: glibc returns every freed block over 64 KiB to the OS at once "
                          "(MALLOC_MMAP_THRESHOLD_=65536), so peak RSS tracks live tensor memory, the "
                          "analogue of torch.cuda.max_memory_allocated; default: glibc's own policy, "
                          "which keeps freed memory and so inflates the unsliced run's peak")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--variant", default="unsliced", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return child(a)
     import torch
 
+    if a.options is None:
+        options = list(OPTIONS[a.model])
+    elif a.options == "none":
+        options = []
+    else:
+        options = a.options.split(",")
+        bad = [o for o in options if o not in OPTIONS[a.model]]
+        if bad:
+            sys.exit(f"error: --options {','.join(bad)} does not apply to --model {a.model}; "
+                     f"choose from {', '.join(OPTIONS[a.model]) or 'none'}")
     res = {}
     with tempfile.TemporaryDirectory() as d:
-        for name, sl in (("unsliced", 1), ("streamlined", a.slices)):
-            out = os.path.join(d, name + ".pt")
+        for name in ["unsliced", "streamlined"] + options:
+            out = os.path.join(d, name.replace(":", "_") + ".pt")
             cmd = [sys.executable, __file__, "--child", "--model", a.model, "--frames", str(a.frames), "--size", str(a.size),
-                   "--slices", str(sl), "--tslices", str(a.tslices), "--reps", str(a.reps), "--out", out]
+                   "--slices", str(a.slices), "--tslices", str(a.tslices), "--head-slices", str(a.head_slices), "--reps", str(a.reps), "--warmup", str(a.warmup), "--variant", name,
+                   "--out", out]
             env = dict(os.environ, OMP_NUM_THREADS="1")
             if a.allocator == "live":  # every block over 64 KiB is mmapped and unmapped when freed
                 env["MALLOC_MMAP_THRESHOLD_"] = "65536"
             r = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if r.returncode:
-                sys.exit(f"error: {name} run failed: {r.stderr.strip().splitlines()[-1]}")
+                sys.exit(f"error: {name} run failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
             res[name] = json.loads(r.stdout.strip().splitlines()[-1])
             res[name]["output"] = torch.load(out)
-    diff = (res["streamlined"].pop("output") - res["unsliced"].pop("output")).abs().max().item()
-    u, s = res["unsliced"], res["streamlined"]
-    summary = {"model": a.model, "allocator": a.allocator, "frames": a.frames, "latent": a.size, "slices": a.slices, "temporal_slices": a.tslices,
-               "unsliced": u, "streamlined": s, "act_mem_ratio": u["act_mib"] / s["act_mib"],
-               "time_ratio": s["time_s"] / u["time_s"], "max_abs_diff": diff}
+    ref = res["unsliced"]["output"]
+    scale = ref.abs().max().item()
+    u = res["unsliced"]
+    for name, r in res.items():
+        r["max_abs_diff"] = (r.pop("output") - ref).abs().max().item()
+        r["act_mem_ratio"] = u["act_mib"] / r["act_mib"]
+        r["time_ratio"] = r["time_s"] / u["time_s"]
+    s = res["streamlined"]
+    summary = {"model": a.model, "allocator": a.allocator, "frames": a.frames, "latent": a.size, "slices": a.slices,
+               "temporal_slices": a.tslices, "head_slices": a.head_slices if a.model in DITS else None, "output_scale": scale, "runs": res,
+               "act_mem_ratio": s["act_mem_ratio"], "time_ratio": s["time_ratio"], "max_abs_diff": s["max_abs_diff"]}
+    others = [n for n in options]
+    if others:
+        best = min(others, key=lambda n: res[n]["act_mib"])
+        summary["best_diffusers_option"] = best
+        summary["streamlined_vs_best_option"] = res[best]["act_mib"] / s["act_mib"]
     print(json.dumps(summary, indent=1))
 
 

@@ -8,20 +8,23 @@ of *tokens* and attention is computed per query span against all keys (exact sof
 
 - pass 1, per token span: norm + adaLN modulation -> key/value projections -> qk-norm -> RoPE
   into full K/V buffers;
-- pass 2, per token span: the same norm -> query -> attention against all keys -> output
-  projection -> gated residual -> (cross-attention) -> norm -> FFN -> gated residual, written
-  into the block output.
+- pass 2, per token span: the same norm -> query -> attention against all keys, into one
+  attention-output buffer;
+- pass 3, per token span: output projection -> gated residual -> (cross-attention) -> norm -> FFN
+  -> gated residual, written over the span's own rows of that buffer (the block output).
 
 Norms, modulation, RoPE and the FFN are per token, so every value equals diffusers' up to float
 rounding of the smaller matrix products. Text tokens of CogVideoX / HunyuanVideo (joint
 attention) are one more span; video tokens are cut into ``chunks`` spans.
 
-Each ``*_block_forward(block, chunks)`` returns a function with the block's forward signature.
+Each ``*_block_forward(block, chunks, head_slices)`` returns a function with the block's forward
+signature; ``head_slices`` > 1 runs the attention one group of heads at a time (less memory for
+K/V, the norm and q/k/v projections recomputed per group).
 """
 
 import torch
 
-from video.dit_attention import KVBuffer, attend, rows, token_spans
+from video.dit_attention import attend, attention_by_spans, rows, token_spans
 
 SUPPORTED_DIT = ("WanTransformer3DModel", "CogVideoXTransformer3DModel", "HunyuanVideoTransformer3DModel")
 
@@ -64,14 +67,20 @@ def _wan_cross(attn, h, kv):
     return attn.to_out[1](attn.to_out[0](out))
 
 
-def wan_block_forward(block, chunks: int):
+def _output_over(buf, like):
+    """Pass 3 writes each span's block output over its own rows of the attention-output buffer when
+    dtypes agree (rows a:b of the output depend on rows a:b of the buffer only); else a new tensor."""
+    return buf if buf.dtype == like.dtype else buf.new_empty(buf.shape, dtype=like.dtype)
+
+
+def wan_block_forward(block, chunks: int, head_slices: int = 1):
     """Sliced ``WanTransformerBlock.forward(hidden_states [B, N, D], encoder_hidden_states, temb,
     rotary_emb)`` -> ``[B, N, D]``."""
     attn, heads = block.attn1, block.attn1.heads
 
     def forward(hidden_states, encoder_hidden_states, temb, rotary_emb):
         n = hidden_states.shape[1]
-        spans = token_spans(n, chunks)
+        segs = [(None, a, b, a, b) for a, b in token_spans(n, chunks)]
         if temb.ndim == 4:  # per-token modulation (Wan 2.2 TI2V): [B, N, 6, D]
             mods = [m.squeeze(2) for m in (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)]
         else:
@@ -79,22 +88,28 @@ def wan_block_forward(block, chunks: int):
         shift, scale, gate, c_shift, c_scale, c_gate = mods
         cos, sin = rotary_emb
 
-        def norm1(x, a, b):
+        def norm1(seg):
+            _, a, b, _, _ = seg
+            x = hidden_states[:, a:b]
             return (block.norm1(x.float()) * (1 + rows(scale, a, b, n)) + rows(shift, a, b, n)).type_as(x)
 
-        kv = KVBuffer(n)
-        for a, b in spans:  # pass 1: keys and values of every token
-            h = norm1(hidden_states[:, a:b], a, b)
+        def kv_of(seg):
+            h, a, b = norm1(seg), seg[1], seg[2]
             k = _wan_rope(attn.norm_k(attn.to_k(h)).unflatten(2, (heads, -1)), cos[:, a:b], sin[:, a:b])
-            kv.put(a, b, k, attn.to_v(h).unflatten(2, (heads, -1)))
+            return k, attn.to_v(h).unflatten(2, (heads, -1))
+
+        def q_of(seg):
+            a, b = seg[1], seg[2]
+            return _wan_rope(attn.norm_q(attn.to_q(norm1(seg))).unflatten(2, (heads, -1)), cos[:, a:b], sin[:, a:b])
+
+        backend = attn.processor._attention_backend
+        o_all = attention_by_spans(segs, n, heads, head_slices, kv_of, q_of,
+                                   lambda q, k, v: attend(q, k, v, backend=backend))
         cross = _wan_cross_kv(block.attn2, encoder_hidden_states)
-        out = torch.empty_like(hidden_states)
-        for a, b in spans:  # pass 2: each span's queries see every key, then the rest of the block
+        out = _output_over(o_all, hidden_states)
+        for _, a, b, _, _ in segs:  # pass 3: the rest of the block, span by span
             x = hidden_states[:, a:b]
-            h = norm1(x, a, b)
-            q = _wan_rope(attn.norm_q(attn.to_q(h)).unflatten(2, (heads, -1)), cos[:, a:b], sin[:, a:b])
-            o = attend(q, kv.k, kv.v, backend=attn.processor._attention_backend).flatten(2, 3).type_as(q)
-            o = attn.to_out[1](attn.to_out[0](o))
+            o = attn.to_out[1](attn.to_out[0](o_all[:, a:b]))
             x = (x.float() + o * rows(gate, a, b, n)).type_as(x)
             x = x + _wan_cross(block.attn2, block.norm2(x.float()).type_as(x), cross)
             h = (block.norm3(x.float()) * (1 + rows(c_scale, a, b, n)) + rows(c_shift, a, b, n)).type_as(x)
@@ -118,7 +133,7 @@ def _segments(video_len: int, text_len: int, chunks: int, text_first: bool):
     return out
 
 
-def cogvideox_block_forward(block, chunks: int):
+def cogvideox_block_forward(block, chunks: int, head_slices: int = 1):
     """Sliced ``CogVideoXBlock.forward(hidden_states [B, N, D], encoder_hidden_states [B, T, D], temb,
     image_rotary_emb=None, attention_kwargs=None)`` -> (video ``[B, N, D]``, text ``[B, T, D]``)."""
     from diffusers.models.embeddings import apply_rotary_emb
@@ -135,38 +150,45 @@ def cogvideox_block_forward(block, chunks: int):
         m1 = block.norm1.linear(block.norm1.silu(temb)).chunk(6, dim=1)
         m2 = block.norm2.linear(block.norm2.silu(temb)).chunk(6, dim=1)
 
-        def src(is_text, a, b):
-            return (encoder_hidden_states if is_text else hidden_states)[:, a:b]
+        def src(seg):
+            return (encoder_hidden_states if seg[0] else hidden_states)[:, seg[1]:seg[2]]
 
         def modulate(norm, mods, x, is_text):
             shift, scale = (mods[3], mods[4]) if is_text else (mods[0], mods[1])
             return norm.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]
 
-        def heads_of(y):  # [B, n, H*d] -> [B, H, n, d]
-            return y.view(y.shape[0], -1, heads, y.shape[-1] // heads).transpose(1, 2)
-
-        def project(lin, norm, h, is_text, a, b):
-            y = heads_of(lin(h))
+        def project(lin, norm, h, seg, rope=True):
+            # diffusers' layout is [B, H, n, d] (qk-norm and RoPE there); ours [B, n, H, d] (a view)
+            y = lin(h)
+            y = y.view(y.shape[0], -1, heads, y.shape[-1] // heads).transpose(1, 2)
             if norm is not None:
                 y = norm(y)
-            if image_rotary_emb is not None and not is_text:
-                y = apply_rotary_emb(y, (image_rotary_emb[0][a:b], image_rotary_emb[1][a:b]))
-            return y
+            if rope and image_rotary_emb is not None and not seg[0]:
+                y = apply_rotary_emb(y, (image_rotary_emb[0][seg[1]:seg[2]], image_rotary_emb[1][seg[1]:seg[2]]))
+            return y.transpose(1, 2)
 
-        kv = KVBuffer(n + t, dim=2)
-        for is_text, a, b, ga, gb in segs:  # pass 1
-            h = modulate(block.norm1, m1, src(is_text, a, b), is_text)
-            kv.put(ga, gb, project(attn.to_k, attn.norm_k, h, is_text, a, b), heads_of(attn.to_v(h)))
-        out, out_text = torch.empty_like(hidden_states), torch.empty_like(encoder_hidden_states)
-        for is_text, a, b, ga, gb in segs:  # pass 2
-            x = src(is_text, a, b)
-            q = project(attn.to_q, attn.norm_q, modulate(block.norm1, m1, x, is_text), is_text, a, b)
-            o = torch.nn.functional.scaled_dot_product_attention(q, kv.k, kv.v, dropout_p=0.0, is_causal=False)
-            o = attn.to_out[1](attn.to_out[0](o.transpose(1, 2).reshape(x.shape[0], -1, heads * o.shape[-1])))
+        def kv_of(seg):
+            h = modulate(block.norm1, m1, src(seg), seg[0])
+            return project(attn.to_k, attn.norm_k, h, seg), project(attn.to_v, None, h, seg, rope=False)
+
+        def q_of(seg):
+            return project(attn.to_q, attn.norm_q, modulate(block.norm1, m1, src(seg), seg[0]), seg)
+
+        def sdpa(q, k, v):  # CogVideoXAttnProcessor2_0 calls torch's SDPA directly on [B, H, S, d]
+            o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                 v.transpose(1, 2), dropout_p=0.0, is_causal=False)
+            return o.transpose(1, 2)
+
+        o_all = attention_by_spans(segs, n + t, heads, head_slices, kv_of, q_of, sdpa)
+        out_all = _output_over(o_all, hidden_states)
+        for seg in segs:  # pass 3
+            is_text, _, _, ga, gb = seg
+            x = src(seg)
+            o = attn.to_out[1](attn.to_out[0](o_all[:, ga:gb]))
             x = x + (m1[5] if is_text else m1[2])[:, None, :] * o
             ff = block.ff(modulate(block.norm2, m2, x, is_text))
-            (out_text if is_text else out)[:, a:b] = x + (m2[5] if is_text else m2[2])[:, None, :] * ff
-        return out, out_text
+            out_all[:, ga:gb] = x + (m2[5] if is_text else m2[2])[:, None, :] * ff
+        return out_all[:, t:], out_all[:, :t]
 
     return forward
 
@@ -178,7 +200,17 @@ def _hunyuan_rope(y, freqs, a, b):
     return apply_rotary_emb(y, (freqs[0][a:b], freqs[1][a:b]), sequence_dim=1)
 
 
-def hunyuan_double_block_forward(block, chunks: int):
+def _hunyuan_qk(attn, h, seg, freqs, lin, norm):
+    """One span's query or key ``[B, n, H, d]``: projection, per-head RMSNorm, RoPE on video rows."""
+    y = lin(h).unflatten(2, (attn.heads, -1))
+    if norm is not None:
+        y = norm(y)
+    if freqs is not None and not seg[0]:
+        y = _hunyuan_rope(y, freqs, seg[1], seg[2])
+    return y
+
+
+def hunyuan_double_block_forward(block, chunks: int, head_slices: int = 1):
     """Sliced ``HunyuanVideoTransformerBlock.forward(hidden_states [B, N, D], encoder_hidden_states
     [B, T, D], temb, attention_mask=None, freqs_cis=None, *args)`` -> (video, text): two streams with
     their own weights, joint attention over [video, text]."""
@@ -191,48 +223,45 @@ def hunyuan_double_block_forward(block, chunks: int):
         mv = block.norm1.linear(block.norm1.silu(temb)).chunk(6, dim=1)  # shift, scale, gate (msa, mlp)
         mt = block.norm1_context.linear(block.norm1_context.silu(temb)).chunk(6, dim=1)
 
-        def src(is_text, a, b):
-            return (encoder_hidden_states if is_text else hidden_states)[:, a:b]
+        def src(seg):
+            return (encoder_hidden_states if seg[0] else hidden_states)[:, seg[1]:seg[2]]
 
-        def norm_in(x, is_text):
-            norm, m = (block.norm1_context, mt) if is_text else (block.norm1, mv)
-            return norm.norm(x) * (1 + m[1][:, None]) + m[0][:, None]
+        def norm_in(seg):
+            norm, m = (block.norm1_context, mt) if seg[0] else (block.norm1, mv)
+            return norm.norm(src(seg)) * (1 + m[1][:, None]) + m[0][:, None]
 
-        def qk(h, is_text, a, b, which):
-            if is_text:
-                lin, norm = (attn.add_q_proj, attn.norm_added_q) if which == "q" else (attn.add_k_proj, attn.norm_added_k)
-            else:
-                lin, norm = (attn.to_q, attn.norm_q) if which == "q" else (attn.to_k, attn.norm_k)
-            y = lin(h).unflatten(2, (heads, -1))
-            if norm is not None:
-                y = norm(y)
-            if freqs_cis is not None and not is_text:
-                y = _hunyuan_rope(y, freqs_cis, a, b)
-            return y
+        def kv_of(seg):
+            h = norm_in(seg)
+            if seg[0]:
+                return (_hunyuan_qk(attn, h, seg, None, attn.add_k_proj, attn.norm_added_k),
+                        attn.add_v_proj(h).unflatten(2, (heads, -1)))
+            return (_hunyuan_qk(attn, h, seg, freqs_cis, attn.to_k, attn.norm_k),
+                    attn.to_v(h).unflatten(2, (heads, -1)))
 
-        kv = KVBuffer(n + t)
-        for is_text, a, b, ga, gb in segs:  # pass 1
-            h = norm_in(src(is_text, a, b), is_text)
-            v = (attn.add_v_proj if is_text else attn.to_v)(h).unflatten(2, (heads, -1))
-            kv.put(ga, gb, qk(h, is_text, a, b, "k"), v)
-        out, out_text = torch.empty_like(hidden_states), torch.empty_like(encoder_hidden_states)
-        for is_text, a, b, ga, gb in segs:  # pass 2
-            x = src(is_text, a, b)
-            q = qk(norm_in(x, is_text), is_text, a, b, "q")
-            o = attend(q, kv.k, kv.v, attention_mask, attn.processor._attention_backend).flatten(2, 3).to(q.dtype)
+        def q_of(seg):
+            lin, norm = (attn.add_q_proj, attn.norm_added_q) if seg[0] else (attn.to_q, attn.norm_q)
+            return _hunyuan_qk(attn, norm_in(seg), seg, freqs_cis, lin, norm)
+
+        backend = attn.processor._attention_backend
+        o_all = attention_by_spans(segs, n + t, heads, head_slices, kv_of, q_of,
+                                   lambda q, k, v: attend(q, k, v, attention_mask, backend))
+        out_all = _output_over(o_all, hidden_states)
+        for seg in segs:  # pass 3
+            is_text, _, _, ga, gb = seg
+            x, o = src(seg), o_all[:, ga:gb]
             if is_text:
                 o, m, norm2, ff = attn.to_add_out(o), mt, block.norm2_context, block.ff_context
             else:
                 o, m, norm2, ff = attn.to_out[1](attn.to_out[0](o)), mv, block.norm2, block.ff
             x = x + o * m[2].unsqueeze(1)
             h = norm2(x) * (1 + m[4][:, None]) + m[3][:, None]
-            (out_text if is_text else out)[:, a:b] = x + m[5].unsqueeze(1) * ff(h)
-        return out, out_text
+            out_all[:, ga:gb] = x + m[5].unsqueeze(1) * ff(h)
+        return out_all[:, :n], out_all[:, n:]
 
     return forward
 
 
-def hunyuan_single_block_forward(block, chunks: int):
+def hunyuan_single_block_forward(block, chunks: int, head_slices: int = 1):
     """Sliced ``HunyuanVideoSingleTransformerBlock.forward``: one stream over [video, text] with a
     parallel attention + MLP branch; returns views of one ``[B, N + T, D]`` output, as diffusers does."""
     attn = block.attn
@@ -244,33 +273,29 @@ def hunyuan_single_block_forward(block, chunks: int):
         segs = _segments(n, t, chunks, text_first=False)
         shift, scale, gate = block.norm.linear(block.norm.silu(temb)).chunk(3, dim=1)
 
-        def src(is_text, a, b):
-            return (encoder_hidden_states if is_text else hidden_states)[:, a:b]
+        def src(seg):
+            return (encoder_hidden_states if seg[0] else hidden_states)[:, seg[1]:seg[2]]
 
-        def norm_in(x):
-            return block.norm.norm(x) * (1 + scale[:, None]) + shift[:, None]
+        def norm_in(seg):
+            return block.norm.norm(src(seg)) * (1 + scale[:, None]) + shift[:, None]
 
-        def qk(h, is_text, a, b, lin, norm):
-            y = lin(h).unflatten(2, (heads, -1))
-            if norm is not None:
-                y = norm(y)
-            if image_rotary_emb is not None and not is_text:
-                y = _hunyuan_rope(y, image_rotary_emb, a, b)
-            return y
+        def kv_of(seg):
+            h = norm_in(seg)
+            return (_hunyuan_qk(attn, h, seg, image_rotary_emb, attn.to_k, attn.norm_k),
+                    attn.to_v(h).unflatten(2, (heads, -1)))
 
-        kv = KVBuffer(n + t)
-        for is_text, a, b, ga, gb in segs:  # pass 1
-            h = norm_in(src(is_text, a, b))
-            kv.put(ga, gb, qk(h, is_text, a, b, attn.to_k, attn.norm_k), attn.to_v(h).unflatten(2, (heads, -1)))
-        out = hidden_states.new_empty(hidden_states.shape[0], n + t, hidden_states.shape[2])
-        for is_text, a, b, ga, gb in segs:  # pass 2
-            x = src(is_text, a, b)
-            h = norm_in(x)
-            mlp = block.act_mlp(block.proj_mlp(h))
-            q = qk(h, is_text, a, b, attn.to_q, attn.norm_q)
-            o = attend(q, kv.k, kv.v, attention_mask, attn.processor._attention_backend).flatten(2, 3).to(q.dtype)
-            out[:, ga:gb] = gate.unsqueeze(1) * block.proj_out(torch.cat([o, mlp], dim=2)) + x
-        return out[:, :n], out[:, n:]
+        def q_of(seg):
+            return _hunyuan_qk(attn, norm_in(seg), seg, image_rotary_emb, attn.to_q, attn.norm_q)
+
+        backend = attn.processor._attention_backend
+        o_all = attention_by_spans(segs, n + t, heads, head_slices, kv_of, q_of,
+                                   lambda q, k, v: attend(q, k, v, attention_mask, backend))
+        out_all = _output_over(o_all, hidden_states)
+        for seg in segs:  # pass 3: the MLP branch and the joint output projection, span by span
+            ga, gb = seg[3], seg[4]
+            mlp = block.act_mlp(block.proj_mlp(norm_in(seg)))
+            out_all[:, ga:gb] = gate.unsqueeze(1) * block.proj_out(torch.cat([o_all[:, ga:gb], mlp], dim=2)) + src(seg)
+        return out_all[:, :n], out_all[:, n:]
 
     return forward
 

@@ -7,24 +7,29 @@ FFN), so it can run on a slice of tokens; attention is exact per *query* slice a
 query sees every key (the softmax is over keys). The sliced block therefore runs in two passes
 over token spans:
 
-1. keys and values of every span are written into two full ``[B, L, heads, head_dim]`` buffers
-   (the only full-size intermediates left);
-2. each span's queries attend to all of them (exact softmax), and the span then goes straight on
-   through the output projection, the gated residual, the cross-attention and the FFN
-   (operator grouping, Zhan et al., "Streamlined Inference", ECCV 2024) into the block's output.
+1. keys and values of every span are written into two full ``[B, L, heads, head_dim]`` buffers;
+2. each span's queries attend to all of them (exact softmax) and the result is written into the
+   attention-output buffer ``[B, L, heads * head_dim]``;
+3. each span then goes straight on through the output projection, the gated residual, the
+   cross-attention and the FFN (operator grouping, Zhan et al., "Streamlined Inference", ECCV 2024),
+   written back over its own rows of that buffer, which becomes the block's output.
 
-Memory per block: input + K + V + output at full size, everything else span-sized.
+Passes 1-2 can run on ``head_slices`` groups of heads one after another (attention is independent
+per head): then K and V exist for one group at a time. Memory per block: input + attention output
++ K + V of one head group at full size (``2 + 2 / head_slices`` times the hidden states), everything
+else span-sized. The price is recomputing the (per-token) norm and q/k/v projections once per head
+group.
 """
 
 import torch
 
 
 def token_spans(n: int, chunks: int, what: str = "slices") -> list[tuple[int, int]]:
-    """``chunks`` contiguous ``(start, end)`` spans covering ``range(n)`` (sizes differ by <= 1 rows of
-    torch.chunk's rule). A chunk count above ``n`` is a ValueError naming the limit (never clamped)."""
+    """Exactly ``chunks`` contiguous ``(start, end)`` spans covering ``range(n)``, sizes differing by at
+    most 1. A chunk count above ``n`` is a ValueError naming the limit (never clamped)."""
     if chunks > n:
         raise ValueError(f"{what}={chunks} is larger than the dimension it slices ({n}); use at most {n}")
-    return [(int(i[0]), int(i[-1]) + 1) for i in torch.arange(n).chunk(chunks)]
+    return [(int(i[0]), int(i[-1]) + 1) for i in torch.arange(n).tensor_split(chunks)]
 
 
 def rows(t: torch.Tensor, a: int, b: int, n: int) -> torch.Tensor:
@@ -58,3 +63,34 @@ def attend(query, key, value, mask=None, backend=None):
 
     return dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
                                  backend=backend, parallel_config=None)
+
+
+def head_spans(heads: int, head_slices: int) -> list[tuple[int, int]]:
+    """``head_slices`` groups of heads; more groups than heads is a ValueError naming the limit."""
+    return token_spans(heads, head_slices, "head_slices")
+
+
+def attention_by_spans(segs, length, heads, head_slices, kv_of, q_of, attn_fn):
+    """Passes 1-2: exact attention of every query span against all keys, by head groups.
+
+    segs: ``(tag, a, b, ga, gb)`` spans of the joint sequence (``ga:gb`` its global rows, ``tag, a, b``
+        what the callbacks need to find the span's inputs).
+    kv_of(seg) -> (k, v) and q_of(seg) -> q: projections of the span, ``[B, n, heads, head_dim]``.
+    attn_fn(q, k, v) -> ``[B, n, heads', head_dim]`` attention (exact per query row).
+    Returns the attention output ``[B, length, heads * head_dim]`` in the dtype of the queries.
+    """
+    out = None
+    for h0, h1 in head_spans(heads, head_slices):
+        kv = KVBuffer(length)
+        for seg in segs:
+            k, v = kv_of(seg)
+            kv.put(seg[3], seg[4], k[:, :, h0:h1], v[:, :, h0:h1])
+        for seg in segs:
+            q = q_of(seg)
+            o = attn_fn(q[:, :, h0:h1], kv.k, kv.v)
+            if out is None:
+                d = q.shape[-1]
+                out = q.new_empty(q.shape[0], length, heads * d)
+            out[:, seg[3]:seg[4], h0 * d:h1 * d] = o.flatten(2, 3)
+        del kv
+    return out

@@ -55,11 +55,13 @@ _ATTR = "_dlm_streamline"
 class StreamlineConfig:
     """slices: pieces of the batch x frames dimension for spatial operators.
     temporal_slices: pieces of the image rows for temporal (motion) modules; None means ``slices``.
-    Either one above the dimension it slices raises ValueError at call time (never clamped silently).
+    head_slices: groups of attention heads run one after another in a full-attention DiT (None: 1).
+    Any of them above the dimension it slices raises ValueError at call time (never clamped silently).
     """
 
     slices: int = 4
     temporal_slices: int | None = None
+    head_slices: int | None = None
 
     def validate(self) -> "StreamlineConfig":
         if not isinstance(self.slices, int) or self.slices < 1:
@@ -67,6 +69,9 @@ class StreamlineConfig:
         t = self.temporal_slices
         if t is not None and (not isinstance(t, int) or t < 1):
             raise ValueError(f"temporal_slices must be an int >= 1 or None, got {t!r}")
+        h = self.head_slices
+        if h is not None and (not isinstance(h, int) or h < 1):
+            raise ValueError(f"head_slices must be an int >= 1 or None, got {h!r}")
         return self
 
     @property
@@ -433,7 +438,8 @@ def _sliced_forward(m, kind, cfg, handoff=None):
     return _spatial_forward(m.forward, cfg.slices)
 
 
-def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = None, rehash=None):
+def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = None, rehash=None,
+               head_slices: int | None = None):
     """Slice the operators of a diffusers video UNet in place; returns the model.
 
     pipe_or_model: a UNetMotionModel (AnimateDiff), UNetSpatioTemporalConditionModel (Stable Video
@@ -446,17 +452,21 @@ def streamline(pipe_or_model, slices: int = 4, temporal_slices: int | None = Non
         UNetSpatioTemporalConditionModel); its tracker is ``video.rehash_tracker(model)``.
     Full-attention DiTs (WanTransformer3DModel, CogVideoXTransformer3DModel,
         HunyuanVideoTransformer3DModel): ``slices`` is the number of video-token spans each block runs
-        in (query-sliced exact attention, token-sliced FFN; ``video.dit``); ``temporal_slices`` does
-        not apply and must be None.
+        in (query-sliced exact attention, token-sliced FFN; ``video.dit``); ``head_slices`` groups of
+        heads run one after another (K/V memory / head_slices, q/k/v projections recomputed per
+        group); ``temporal_slices`` does not apply and must be None.
     Outputs equal the unsliced model's to float tolerance (with ``rehash``: the unsliced model with
     the same Step Rehash). Undo with :func:`unstreamline`.
     """
-    cfg = StreamlineConfig(slices, temporal_slices).validate()
+    cfg = StreamlineConfig(slices, temporal_slices, head_slices).validate()
     unet = _unet_of(pipe_or_model)
     if getattr(unet, _ATTR, None) is not None:
         raise ValueError("model is already streamlined; call video.unstreamline first")
     if type(unet).__name__ in SUPPORTED_DIT:
         return _streamline_dit(unet, cfg, rehash)
+    if head_slices is not None:
+        raise ValueError(f"head_slices applies to full-attention DiTs ({', '.join(SUPPORTED_DIT)}) only; "
+                         f"leave it None for {type(unet).__name__}")
     tracker = _attach_rehash(unet, rehash)
     patched, handles = [], []
     handoff = _UpsampleHandoff(unet.up_blocks) if type(unet).__name__ == "UNetMotionModel" else None
@@ -491,7 +501,7 @@ def _streamline_dit(model, cfg, rehash):
             raise ValueError(f"{type(block).__name__} already has a patched forward (another hook?)")
     patched = []
     for block, factory in targets:
-        block.forward = factory(block, cfg.slices)
+        block.forward = factory(block, cfg.slices, cfg.head_slices or 1)
         patched.append(block)
     setattr(model, _ATTR, (cfg, patched, None, []))
     return model
