@@ -38,6 +38,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from samplers.solvers._finite import check_model_output
 from samplers.solvers.schedules import fitted_or_default, load_schedule
 from samplers.solvers._vp import (
     VPNoiseMixin,
@@ -334,6 +335,11 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         if eta:
             raise ValueError("PNDM is a deterministic ODE solver; use eta=0 (or DDIMSolver for eta > 0)")
         call = self._check_call(timestep)
+        return self._apply(call, model_output, sample, return_dict)
+
+    def _apply(self, call: Call, model_output, sample, return_dict: bool):
+        """Take the planned (or, for a direct ``step_prk``/``step_plms`` call, derived) ``call``."""
+        check_model_output(model_output, self, call.t_eval, self._call)
         self._call += 1
         if call.kind == "same":
             return (sample,) if not return_dict else SolverOutput(prev_sample=sample, pred_original_sample=None)
@@ -354,12 +360,14 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             prev = transfer(self._x_start, eps, a, a_to)
             self._x_start = None
         elif kind in ("prk1", "prk2"):
-            self._acc = self._acc + m / 3
-            eps, _ = self._to_eps(m, self._x_start, a)
-            prev = transfer(self._x_start, eps, a, a_to)
+            x_start = x if self._x_start is None else self._x_start
+            self._acc = (0 if self._acc is None else self._acc) + m / 3
+            eps, _ = self._to_eps(m, x_start, a)
+            prev = transfer(x_start, eps, a, a_to)
         elif kind == "prk3":
-            eps, x0 = self._to_eps(self._acc + m / 6, self._x_start, a)
-            prev = transfer(self._x_start, eps, a, a_to)
+            x_start = x if self._x_start is None else self._x_start
+            eps, x0 = self._to_eps((0 if self._acc is None else self._acc) + m / 6, x_start, a)
+            prev = transfer(x_start, eps, a, a_to)
             self._x_start, self._acc = None, None
         else:
             raise ValueError(f"call {self._call - 1} lies before begin_index; step from timesteps[begin_index:]")
@@ -369,27 +377,130 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             return (prev,)
         return SolverOutput(prev_sample=prev, pred_original_sample=x0)
 
+    # ------------------------------------------------------------------ diffusers' direct-call API
+    # diffusers' PNDMScheduler exposes its two stepping rules, driven by a call counter and the list of
+    # past model outputs ``ets``; tests and some user code call them directly, at any timestep and with
+    # ``ets`` set by hand. On the planned call (the timestep of ``timesteps[counter]``) both are exactly
+    # ``step()``; anywhere else they follow diffusers' rules for which levels the call moves between.
+
+    @property
+    def counter(self) -> int:
+        """Number of calls taken since ``set_timesteps`` (diffusers' ``counter``)."""
+        return self._call
+
+    @counter.setter
+    def counter(self, value: int):
+        self._call = int(value)
+
+    @property
+    def ets(self) -> List[torch.Tensor]:
+        """Past model outputs, oldest first, that the linear multistep rule combines (diffusers' ``ets``)."""
+        return self._history
+
+    @ets.setter
+    def ets(self, value):
+        self._history = list(value)
+
+    def _planned(self, timestep, prefixes) -> Optional[Call]:
+        """The current planned call if ``timestep`` is its timestep and its kind starts with ``prefixes``."""
+        if self._call >= len(self._plan):
+            return None
+        call = self._plan[self._call]
+        return call if call.t_eval == as_index(timestep) and call.kind.startswith(prefixes) else None
+
+    def _need_timesteps(self):
+        if self.num_inference_steps is None:
+            raise ValueError("call set_timesteps(num_inference_steps) before step(), step_prk() or step_plms()")
+
     def step_prk(self, model_output, timestep, sample, return_dict: bool = True):
-        """diffusers' ``PNDMScheduler.step_prk``: one Runge-Kutta stage call (the first ``4 * 3`` calls of a
-        ``skip_prk_steps=False`` plan). Raises if the current planned call is not a Runge-Kutta stage."""
-        self._check_kind("prk", "step_prk")
-        return self.step(model_output, timestep, sample, return_dict=return_dict)
+        """diffusers' ``PNDMScheduler.step_prk``: one pseudo Runge-Kutta stage (stage ``counter % 4``).
+
+        On a planned Runge-Kutta call this is ``step()``. Called elsewhere (any ``timestep``) it does what
+        diffusers does: the stage starts from level ``prk_timesteps[counter // 4 * 4]`` and moves to
+        ``timestep - T // N // 2`` (stages 0 and 2) or ``timestep`` (stages 1 and 3).
+        With ``skip_prk_steps=True`` there is no Runge-Kutta warm start: ``ValueError`` (diffusers fails
+        too, indexing its empty ``prk_timesteps``).
+        """
+        self._need_timesteps()
+        call = self._planned(timestep, "prk")
+        if call is None:
+            if not len(self.prk_timesteps):
+                raise ValueError(
+                    "step_prk() needs the Runge-Kutta warm start, which skip_prk_steps=True (or a custom grid "
+                    "without one) leaves out; use step() or step_plms()"
+                )
+            if self._call // 4 * 4 >= len(self.prk_timesteps):
+                raise ValueError(
+                    f"step_prk() called at call {self._call}, after the Runge-Kutta warm start's "
+                    f"{len(self.prk_timesteps)} calls; use step() or step_plms()"
+                )
+            stage, t = self._call % 4, as_index(timestep)
+            T, N = self.config.num_train_timesteps, self.num_inference_steps
+            t_from = int(self.prk_timesteps[self._call // 4 * 4])
+            t_to = t if stage % 2 else t - T // N // 2
+            call = Call(t, f"prk{stage}", t_from, t_to)
+        return self._apply(call, model_output, sample, return_dict)
 
     def step_plms(self, model_output, timestep, sample, return_dict: bool = True):
         """diffusers' ``PNDMScheduler.step_plms``: one linear multistep call (including the Heun-like warm
-        start of ``skip_prk_steps=True``). Raises if the Runge-Kutta warm start is still due."""
-        self._check_kind(("plms", "heun", "same"), "step_plms")
-        return self.step(model_output, timestep, sample, return_dict=return_dict)
+        start of ``skip_prk_steps=True``).
 
-    def _check_kind(self, prefixes, method: str):
-        if self.num_inference_steps is None:
-            raise ValueError("call set_timesteps(num_inference_steps) before step()")
-        kind = self._plan[self._call].kind if self._call < len(self._plan) else "end"
-        if not kind.startswith(prefixes):
+        On a planned call this is ``step()``. Called elsewhere (any ``timestep``) it does what diffusers
+        does: move from ``timestep`` to ``timestep - T // N`` combining ``ets`` and the new output with
+        Adams-Bashforth weights by history length; at ``counter == 1`` it instead re-takes the step from
+        ``timestep + T // N`` with the average of the new and the previous output (the Heun warm start).
+        Raises ``ValueError`` while the Runge-Kutta warm start is still due (fewer than 3 past outputs
+        with ``skip_prk_steps=False``), as diffusers does.
+        """
+        self._need_timesteps()
+        call = self._planned(timestep, ("plms", "heun", "same"))
+        if call is not None:
+            return self._apply(call, model_output, sample, return_dict)
+        if not self.config.skip_prk_steps and len(self._history) < 3:
             raise ValueError(
-                f"{method}() called at call {self._call}, which is a {kind!r} call; use step(), which picks "
-                "the right method (the Runge-Kutta warm start takes the first 12 calls when skip_prk_steps=False)"
+                f"step_plms() called at call {self._call} before the Runge-Kutta warm start has produced 3 model "
+                "outputs (its first 12 calls, skip_prk_steps=False); use step(), which picks the right method, or "
+                "step_prk() for those calls"
             )
+        t = as_index(timestep)
+        r = self.config.num_train_timesteps // self.num_inference_steps
+        if self._call == 1:
+            # diffusers re-takes the first step here (from t + r to t) and stores nothing new.
+            if len(self._history) == 1:
+                if self._x_start is None:
+                    self._x_start = sample.double()
+                return self._apply(Call(t, "heun1", t + r, t), model_output, sample, return_dict)
+            return self._plms_no_store(Call(t, "plms", t + r, t), sample, return_dict)
+        self._history = self._history[-3:]
+        kind = "heun0" if (not self._history and self._call == 0) else "plms"
+        return self._apply(Call(t, kind, t, t - r), model_output, sample, return_dict)
+
+    def _plms_no_store(self, call: Call, sample, return_dict: bool):
+        """diffusers' ``step_plms`` at ``counter == 1`` with a history that is not one output long: the
+        Adams-Bashforth combination of ``ets`` alone (the new output is neither used nor stored)."""
+        if not self._history:
+            raise ValueError("step_plms() at counter 1 combines the stored outputs (ets), and none is stored")
+        self._call += 1
+        x = sample.double()
+        a, a_to = self._alpha(call.t_from), self._alpha(call.t_to)
+        eps, x0 = self._to_eps(plms_combine(self._history[-4:]), x, a)
+        prev, x0 = transfer(x, eps, a, a_to).to(sample.dtype), x0.to(sample.dtype)
+        return (prev,) if not return_dict else SolverOutput(prev_sample=prev, pred_original_sample=x0)
+
+    @property
+    def prk_timesteps(self):
+        """Timesteps of the Runge-Kutta warm start's calls (diffusers' ``prk_timesteps``; empty with
+        ``skip_prk_steps=True``; ``None`` before ``set_timesteps``)."""
+        if self.num_inference_steps is None:
+            return None
+        return np.array([c.t_eval for c in self._plan if c.kind.startswith("prk")], dtype=np.int64)
+
+    @property
+    def plms_timesteps(self):
+        """Timesteps of the remaining calls (diffusers' ``plms_timesteps``)."""
+        if self.num_inference_steps is None:
+            return None
+        return np.array([c.t_eval for c in self._plan if not c.kind.startswith("prk")], dtype=np.int64)
 
 
 def sample_pndm(

@@ -148,7 +148,7 @@ def test_dpmpp_sde_takes_variance_noise_and_registry_names():
     expected = math.sqrt(1 - a_t) * math.sqrt(1 - math.exp(-2 * h))  # sigma_t sqrt(1 - e^-2h) per unit of noise
     torch.testing.assert_close(with_noise - zero_noise, torch.full_like(x, expected), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="sde-dpmsolver"):
-        DPMSolverPP2M(algorithm_type="sde-dpmsolver")
+        DPMSolverPP2M(algorithm_type="sde-dpmsolver", solver_order=3, final_sigmas_type="sigma_min")
 
 
 @pytest.mark.parametrize("steps", [5, 10, 20, 50])
@@ -375,7 +375,7 @@ def test_registry_and_bad_input():
     with pytest.raises(ValueError, match="use_karras_sigmas"):
         DPMSolverPP2M.from_config(DPMSolverMultistepScheduler(use_karras_sigmas=True).config)
     with pytest.raises(ValueError, match="solver_order"):
-        DPMSolverPP2M(solver_order=1)
+        DPMSolverPP2M(solver_order=4)
     with pytest.raises(ValueError, match="no plain-function sampler"):
         get_sample_fn("dpmpp-3m")
     with pytest.raises(ValueError, match="thresholding"):

@@ -345,9 +345,13 @@ def test_dpmpp_2m_loads_compatible_algorithms_like_diffusers():
     for src in (DEISMultistepScheduler(), UniPCMultistepScheduler()):
         s = DPMSolverPP2M.from_config(src.config)
         assert (s.config.algorithm_type, s.config.solver_type) == ("dpmsolver++", "midpoint")
-    for algo in ("dpmsolver", "sde-dpmsolver"):  # the noise-prediction forms are not implemented
-        with pytest.raises(ValueError, match="algorithm_type"):
+    for algo in ("dpmsolver", "sde-dpmsolver"):  # noise-prediction forms cannot end at zero noise (nor can diffusers')
+        with pytest.raises(ValueError, match="final_sigmas_type"):
             DPMSolverPP2M(algorithm_type=algo)
+        with pytest.raises(ValueError, match="final_sigmas_type"):
+            DPMSolverMultistepScheduler(algorithm_type=algo)
+    with pytest.raises(ValueError, match="algorithm_type"):
+        DPMSolverPP2M(algorithm_type="dpmsolver+++")
 
 
 def test_dpmpp_2m_learned_variance_channels_are_dropped():

@@ -1,0 +1,252 @@
+"""diffusers' own scheduler checks for PNDM and the multistep DPM solvers, adapted to ours.
+
+diffusers' tests/schedulers/test_scheduler_pndm.py and test_scheduler_dpm_multi.py (v0.42 line) check
+a scheduler against a copy of itself: direct ``step_prk`` / ``step_plms`` calls at arbitrary timesteps
+with a hand-set history ``ets``, the ``prk_timesteps`` / ``plms_timesteps`` loops, every DPM
+``algorithm_type`` x ``solver_type`` x ``solver_order`` x ``prediction_type``, and full loops of their
+deterministic dummy model. Here the same calls run on our scheduler AND on diffusers' one with the same
+inputs, and the outputs must agree (a stronger check than self-consistency). Refusals are tested where
+diffusers refuses the same input.
+"""
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DPMSolverMultistepScheduler, PNDMScheduler
+
+from samplers.solvers.dpmpp_2m import DPMSolverPP2M
+from samplers.solvers.pndm import PNDMSolver
+
+torch.set_num_threads(1)
+
+
+def _sample_deter(shape=(4, 3, 8, 8)):
+    """A deterministic sample in [0, 1) (diffusers' tests use the same kind of ramp)."""
+    n = int(np.prod(shape))
+    return (torch.arange(n, dtype=torch.float32) / n).reshape(shape[1], shape[2], shape[3], shape[0]).permute(3, 0, 1, 2)
+
+
+def _model(sample, t):
+    """A smooth stand-in for a denoiser: ``x * t / (t + 1)``."""
+    t = torch.as_tensor(t, dtype=sample.dtype)
+    return sample * t / (t + 1)
+
+
+def _rand(seed, shape=(4, 3, 8, 8)):
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _close(a, b, tol=1e-4):
+    """Equal up to float32 rounding (diffusers computes in float32, ours in float64), relative to scale."""
+    err = (a.double() - b.double()).abs().max().item()
+    assert err <= tol * max(1.0, b.abs().max().item()), err
+
+
+# ---------------------------------------------------------------- PNDM: direct step_prk / step_plms
+PNDM_CONFIGS = [
+    {},
+    {"num_train_timesteps": 100},
+    {"beta_start": 0.001, "beta_end": 0.02},
+    {"beta_schedule": "squaredcos_cap_v2"},
+    {"prediction_type": "v_prediction"},
+    {"steps_offset": 1},
+    {"set_alpha_to_one": True, "beta_start": 0.01},
+]
+
+
+def _pndm_pair(steps, **cfg):
+    pair = [PNDMSolver(**cfg), PNDMScheduler(**cfg)]
+    for s in pair:
+        s.set_timesteps(steps)
+    return pair
+
+
+@pytest.mark.parametrize("cfg", PNDM_CONFIGS)
+@pytest.mark.parametrize("time_step", [0, 1, 5, 10])
+@pytest.mark.parametrize("steps", [10, 50])
+def test_pndm_direct_prk_then_plms_with_set_history_matches_diffusers(cfg, time_step, steps):
+    # diffusers' check_over_configs / check_over_forward: set ets by hand, then one step_prk and one
+    # step_plms at a timestep that is not the planned one.
+    x = _rand(0)
+    residual = 0.1 * x
+    ets = [residual + 0.2, residual + 0.15, residual + 0.1, residual + 0.05]
+    outs = []
+    for s in _pndm_pair(steps, **cfg):
+        s.ets = list(ets)
+        a = s.step_prk(residual, time_step, x).prev_sample
+        b = s.step_plms(residual, time_step, x).prev_sample
+        c = s.step_plms(residual, time_step, x).prev_sample  # counter 2: the new output joins the history
+        outs.append((a, b, c, s.counter))
+    (a1, b1, c1, n1), (a2, b2, c2, n2) = outs
+    _close(a1, a2)
+    _close(b1, b2)
+    _close(c1, c2)
+    assert n1 == n2 == 3
+
+
+@pytest.mark.parametrize("cfg", PNDM_CONFIGS)
+@pytest.mark.parametrize("skip_prk", [False, True])
+def test_pndm_prk_and_plms_timestep_loops_match_diffusers(cfg, skip_prk):
+    # diffusers' full_loop: iterate prk_timesteps with step_prk, then plms_timesteps with step_plms.
+    results = []
+    for s in _pndm_pair(10, skip_prk_steps=skip_prk, **cfg):
+        assert s.prk_timesteps.tolist() + s.plms_timesteps.tolist() == s.timesteps.tolist()
+        x = _sample_deter()
+        for t in s.prk_timesteps:
+            x = s.step_prk(_model(x, t), t, x).prev_sample
+        for t in s.plms_timesteps:
+            x = s.step_plms(_model(x, t), t, x).prev_sample
+        results.append((x, s.prk_timesteps.tolist(), s.plms_timesteps.tolist()))
+    (x1, p1, q1), (x2, p2, q2) = results
+    assert (p1, q1) == (p2, q2)
+    _close(x1, x2)
+    assert (len(p1), len(q1)) == ((0, 11) if skip_prk else (12, 7))
+
+
+def test_pndm_direct_calls_without_history_match_diffusers():
+    # skip_prk_steps: step_plms at unplanned timesteps walks diffusers' Heun warm start then AB2..AB4.
+    outs = []
+    for s in _pndm_pair(20, skip_prk_steps=True):
+        x = _rand(1)
+        for t in (700, 650, 600, 550, 500, 450):
+            x = s.step_plms(_model(x, t), t, x).prev_sample
+        outs.append(x)
+    _close(*outs)
+
+
+def test_pndm_pow_of_3_steps_first_prk_calls_match_diffusers():
+    outs = []
+    for s in _pndm_pair(27):
+        x = _rand(2)
+        for t in s.prk_timesteps[:2]:
+            x = s.step_prk(0.1 * x, t, x).prev_sample
+        outs.append(x)
+    _close(*outs)
+
+
+def test_pndm_step_shapes_at_arbitrary_timesteps():
+    s = PNDMSolver()
+    s.set_timesteps(50)
+    x = _rand(3)
+    s.ets = [0.1 * x + d for d in (0.2, 0.15, 0.1, 0.05)]
+    for fn in (s.step_prk, s.step_prk, s.step_plms, s.step_plms):
+        for t in (0, 1):
+            assert fn(0.1 * x, t, x).prev_sample.shape == x.shape
+
+
+def test_pndm_direct_call_refusals_match_diffusers():
+    x = _rand(4)
+    # Before set_timesteps both refuse.
+    for s in (PNDMSolver(), PNDMScheduler()):
+        with pytest.raises(ValueError):
+            s.step_plms(x, 1, x)
+    # step_plms before the Runge-Kutta warm start has produced 3 outputs: both refuse.
+    for s in _pndm_pair(10):
+        with pytest.raises(ValueError):
+            s.step_plms(x, int(s.timesteps[0]), x)
+    # skip_prk_steps=True has no Runge-Kutta stage: diffusers fails indexing its empty prk_timesteps
+    # (IndexError); ours says so with a ValueError.
+    ours, ref = _pndm_pair(10, skip_prk_steps=True)
+    with pytest.raises(ValueError, match="skip_prk_steps"):
+        ours.step_prk(x, 500, x)
+    with pytest.raises(IndexError):
+        ref.step_prk(x, 500, x)
+    # After the 12 warm-start calls, a direct step_prk has no stage left: diffusers indexes past the end.
+    ours, ref = _pndm_pair(10)
+    for s in (ours, ref):
+        y = x
+        for t in s.timesteps[:12]:
+            y = s.step(_model(y, t), t, y).prev_sample
+    with pytest.raises(ValueError, match="warm start"):
+        ours.step_prk(x, 5, x)
+    with pytest.raises(IndexError):
+        ref.step_prk(x, 5, x)
+
+
+def test_pndm_mixed_step_and_direct_calls_keep_planned_results():
+    # On planned calls step_prk / step_plms are step(): a loop that mixes them equals the step() loop.
+    a, b = PNDMSolver(), PNDMSolver()
+    x = y = _sample_deter()
+    for s in (a, b):
+        s.set_timesteps(15)
+    for k, t in enumerate(a.timesteps):
+        x = a.step(_model(x, t), t, x).prev_sample
+        fn = b.step_prk if k < 12 else b.step_plms
+        y = fn(_model(y, t), t, y).prev_sample
+    torch.testing.assert_close(x, y, atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------- DPM: every algorithm x solver type x order
+def _dpm_pair(**cfg):
+    return DPMSolverPP2M(**cfg), DPMSolverMultistepScheduler(**cfg)
+
+
+def _dpm_loop(s, steps=10, seed=0, timesteps=None):
+    if timesteps is None:
+        s.set_timesteps(steps)
+    else:
+        s.set_timesteps(timesteps=timesteps)
+    g = torch.Generator().manual_seed(seed)
+    x = _sample_deter()
+    for t in s.timesteps:
+        x = s.step(_model(x, t), t, x, generator=g).prev_sample
+    return x
+
+
+DPM_CASES = [
+    (algo, kind, order, pred)
+    for algo in ("dpmsolver", "dpmsolver++", "sde-dpmsolver", "sde-dpmsolver++")
+    for kind in ("midpoint", "heun")
+    for order in (1, 2, 3)
+    for pred in ("epsilon", "sample", "v_prediction")
+    if not (algo == "sde-dpmsolver" and order == 3)
+]
+
+
+@pytest.mark.parametrize("algo,kind,order,pred", DPM_CASES)
+@pytest.mark.parametrize("steps", [4, 10, 20])
+def test_dpm_algorithms_orders_solver_types_match_diffusers(algo, kind, order, pred, steps):
+    cfg = dict(algorithm_type=algo, solver_type=kind, solver_order=order, prediction_type=pred,
+               final_sigmas_type="sigma_min", lower_order_final=False)
+    ours, ref = _dpm_pair(**cfg)
+    a, b = _dpm_loop(ours, steps), _dpm_loop(ref, steps)
+    assert torch.isfinite(a).all()
+    # diffusers forms its coefficients in float32; ours in float64.
+    tol = 2e-3 if pred == "sample" and algo in ("dpmsolver", "sde-dpmsolver") else 2e-4
+    assert (a.double() - b.double()).abs().max().item() < tol * max(1.0, b.abs().max().item())
+
+
+@pytest.mark.parametrize("algo", ["dpmsolver", "sde-dpmsolver"])
+@pytest.mark.parametrize("order", [1, 2])
+def test_dpm_noise_prediction_custom_timesteps_equal_the_same_grid(algo, order):
+    # diffusers' test_custom_timesteps, for the noise-prediction forms: timesteps= reproduces N steps.
+    cfg = dict(algorithm_type=algo, solver_order=order, final_sigmas_type="sigma_min")
+    s = DPMSolverPP2M(**cfg)
+    s.set_timesteps(10)
+    grid = s.timesteps.tolist()
+    a = _dpm_loop(DPMSolverPP2M(**cfg), 10)
+    b = _dpm_loop(DPMSolverPP2M(**cfg), timesteps=grid)
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_dpm_order_one_is_ddim_in_both_forms():
+    # DPM-Solver-1 is DDIM whichever quantity the solver integrates: data and noise forms agree.
+    a = _dpm_loop(DPMSolverPP2M(solver_order=1, final_sigmas_type="sigma_min"))
+    b = _dpm_loop(DPMSolverPP2M(solver_order=1, algorithm_type="dpmsolver", final_sigmas_type="sigma_min"))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_dpm_refusals_that_diffusers_shares():
+    # Noise-prediction forms cannot end at zero noise.
+    for algo in ("dpmsolver", "sde-dpmsolver"):
+        for cls in (DPMSolverPP2M, DPMSolverMultistepScheduler):
+            with pytest.raises(ValueError, match="final_sigmas_type"):
+                cls(algorithm_type=algo, final_sigmas_type="zero")
+    # The noise-prediction SDE solver has no third order: we refuse at construction, diffusers fails at
+    # the first third-order step.
+    with pytest.raises(ValueError, match="sde-dpmsolver"):
+        DPMSolverPP2M(algorithm_type="sde-dpmsolver", solver_order=3, final_sigmas_type="sigma_min")
+    ref = DPMSolverMultistepScheduler(algorithm_type="sde-dpmsolver", solver_order=3, final_sigmas_type="sigma_min",
+                                      lower_order_final=False)
+    with pytest.raises(UnboundLocalError):
+        _dpm_loop(ref, 10)
