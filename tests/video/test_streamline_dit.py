@@ -1,0 +1,164 @@
+"""Full-attention video DiTs (Wan, CogVideoX, HunyuanVideo): sliced blocks equal diffusers' own."""
+
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from video_tiny import (cogvideox_inputs, hunyuan_inputs, tiny_cogvideox, tiny_hunyuan, tiny_wan,  # noqa: E402
+                        wan_inputs)
+
+import video  # noqa: E402
+
+
+def _wan():
+    m = tiny_wan()
+    x, t, ehs = wan_inputs(frames=4, size=8)
+    return m, (lambda: m(x, t, ehs).sample), [b.attn1.to_q for b in m.blocks]
+
+
+def _cogvideox():
+    m = tiny_cogvideox()
+    x, ehs, t, rope = cogvideox_inputs(frames=4, size=8)
+    return m, (lambda: m(x, ehs, t, image_rotary_emb=rope).sample), [b.attn1.to_q for b in m.transformer_blocks]
+
+
+def _hunyuan(batch=1):
+    m = tiny_hunyuan()
+    x, t, ehs, mask, pooled = hunyuan_inputs(batch=batch, frames=4, size=8)
+    if batch > 1:
+        mask[1, 2:] = 0  # a different number of padding tokens per sample
+    blocks = list(m.transformer_blocks) + list(m.single_transformer_blocks)
+    return m, (lambda: m(x, t, ehs, mask, pooled).sample), [b.attn.to_q for b in blocks]
+
+
+FAMILIES = {"wan": _wan, "cogvideox": _cogvideox, "hunyuan": _hunyuan}
+TOKENS = 4 * 4 * 4  # 4 frames of 8x8 latents, patch 2
+
+
+def _close(got, ref):
+    """The issue's bar: max abs difference <= 1e-5 of the output scale."""
+    scale = ref.abs().max().item()
+    assert scale > 0.1
+    assert (got - ref).abs().max().item() <= 1e-5 * scale
+
+
+def _query_rows(linears):
+    """Forward hooks recording the token count of every query projection call."""
+    seen, handles = [], []
+    for lin in linears:
+        handles.append(lin.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[1])))
+    return seen, handles
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("slices,head_slices", [(3, 1), (TOKENS, 4)])
+def test_sliced_equals_unsliced(family, slices, head_slices):
+    model, run, to_q = FAMILIES[family]()
+    with torch.no_grad():
+        ref = run()
+        video.streamline(model, slices=slices, head_slices=head_slices)
+        seen, handles = _query_rows(to_q)
+        try:
+            got = run()
+        finally:
+            for h in handles:
+                h.remove()
+            video.unstreamline(model)
+        again = run()
+    _close(got, ref)
+    assert torch.equal(again, ref)  # unstreamline restores diffusers' forward bit for bit
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    # queries really ran per span: each block projects every video span once per head group
+    video_rows = [r for r in seen if r != 7]  # 7 = the text span of the joint-attention models
+    assert max(video_rows) <= -(-TOKENS // slices)
+    assert len(video_rows) == len(to_q) * slices * head_slices
+
+
+def test_wan_per_token_timesteps_and_image_context():
+    """Wan 2.2 TI2V (a timestep per token: per-token modulation) and Wan 2.1 I2V (image context with its
+    own keys/values in the cross-attention, 512 text tokens after it)."""
+    m = tiny_wan(heads=2, layers=1)
+    x, _, ehs = wan_inputs(frames=4, size=8)
+    t = torch.linspace(0, 999, TOKENS).round().long()[None]
+    with torch.no_grad():
+        ref = m(x, t, ehs).sample
+        video.streamline(m, slices=5, head_slices=2)
+        got = m(x, t, ehs).sample
+        video.unstreamline(m)
+    _close(got, ref)
+
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                              out_channels=4, text_dim=24, freq_dim=32, ffn_dim=64, num_layers=1, image_dim=16,
+                              added_kv_proj_dim=32, rope_max_seq_len=64).eval()
+    g = torch.Generator().manual_seed(3)
+    ehs, img = torch.randn(1, 512, 24, generator=g), torch.randn(1, 5, 16, generator=g)
+    with torch.no_grad():
+        ref = m(x, torch.tensor([300]), ehs, encoder_hidden_states_image=img).sample
+        video.streamline(m, slices=4)
+        got = m(x, torch.tensor([300]), ehs, encoder_hidden_states_image=img).sample
+        video.unstreamline(m)
+    _close(got, ref)
+
+
+def test_attention_backend_and_masked_batch_and_pipeline():
+    """The processor's attention backend is used per span (math kernel here), a batch whose samples
+    mask different text padding, and a pipeline-like object holding the model as ``.transformer``."""
+    m, run, _ = _hunyuan(batch=2)
+    m.set_attention_backend("_native_math")
+    pipe = types.SimpleNamespace(transformer=m)
+    with torch.no_grad():
+        ref = run()
+        assert video.streamline(pipe, slices=7, head_slices=2) is m
+        got = run()
+        video.unstreamline(pipe)
+    _close(got, ref)
+
+
+def test_bad_input():
+    m, run, _ = _wan()
+    with pytest.raises(ValueError, match="supported: .*WanTransformer3DModel, CogVideoXTransformer3DModel, "
+                                         "HunyuanVideoTransformer3DModel"):
+        video.streamline(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="temporal_slices does not apply"):
+        video.streamline(m, slices=2, temporal_slices=2)
+    with pytest.raises(ValueError, match="head_slices must be an int"):
+        video.streamline(m, head_slices=0)
+    for kwargs, msg in (({"slices": TOKENS + 1}, f"slices={TOKENS + 1} is larger than the dimension it slices "
+                                                  f"\\({TOKENS}\\); use at most {TOKENS}"),
+                        ({"slices": 2, "head_slices": 5}, "head_slices=5 is larger .* use at most 4")):
+        video.streamline(m, **kwargs)
+        try:
+            with pytest.raises(ValueError, match=msg), torch.no_grad():
+                run()
+        finally:
+            video.unstreamline(m)
+
+    class Custom:  # an attention processor we cannot reproduce
+        _attention_backend = None
+
+        def __call__(self, *a, **k):
+            raise AssertionError
+
+    proc = m.blocks[1].attn1.processor
+    m.blocks[1].attn1.processor = Custom()
+    with pytest.raises(ValueError, match="attention processor Custom exactly; supported processors: WanAttnProcessor"):
+        video.streamline(m)
+    m.blocks[1].attn1.processor = proc
+    assert not any("forward" in b.__dict__ for b in m.blocks)  # nothing was patched before the error
+    m.blocks[0].attn1.fuse_projections()
+    with pytest.raises(ValueError, match="fused QKV projections"):
+        video.streamline(m)
+
+
+def test_head_slices_only_for_dits():
+    from video_tiny import tiny_latte
+
+    with pytest.raises(ValueError, match="head_slices applies to full-attention DiTs"):
+        video.streamline(tiny_latte(), head_slices=2)
