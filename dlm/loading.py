@@ -16,6 +16,11 @@ from typing import Any
 import torch
 
 from dlm.adapters import infer_shift_logits, resolve_token_id
+from dlm.checkpoint_check import check_checkpoint_dir, check_tokenizer_fits, check_weights_fit
+
+# What a damaged checkpoint makes the loaders raise (safetensors' own error is a plain Exception
+# subclass, matched by name so that importing it is not needed); each becomes one ValueError.
+_LOAD_ERRORS = (OSError, RuntimeError, KeyError, TypeError, UnicodeDecodeError)
 
 
 def builtin_models() -> dict[str, str]:
@@ -84,7 +89,9 @@ def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.
     builtins = builtin_models()
     if name_or_path in builtins:
         from dlm.tiny import load_tiny_dlm
-        model, tokenizer = load_tiny_dlm(builtins[name_or_path], device=device, dtype=dtype or torch.float32)
+        check_checkpoint_dir(builtins[name_or_path])
+        with _one_line_errors(name_or_path, "checkpoint"):
+            model, tokenizer = load_tiny_dlm(builtins[name_or_path], device=device, dtype=dtype or torch.float32)
         return _loaded(name_or_path, model, tokenizer, shift_logits)
     from transformers import AutoConfig, AutoTokenizer
     from dlm.tiny import register_auto_classes
@@ -93,26 +100,58 @@ def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.
     if not Path(name_or_path).exists() and ("/" not in name_or_path or name_or_path.startswith((".", "/"))):
         raise ValueError(f"unknown model {name_or_path!r}: not a built-in ({', '.join(builtins)}), "
                          "not an existing directory, and not a hub id of the form owner/name")
+    check_checkpoint_dir(name_or_path)  # a local folder: missing files, corrupt weights, foreign config
     try:
         config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except OSError as err:
         raise ValueError(f"cannot load model {name_or_path!r}: {str(err).splitlines()[0]}") from err
+    except (ValueError, KeyError) as err:  # e.g. an unknown model_type
+        raise ValueError(f"{Path(name_or_path) / 'config.json'}: {_first_line(err)}") from err
     if config.model_type == "tiny-dlm":
         from dlm.tiny import load_tiny_dlm
-        model, tokenizer = load_tiny_dlm(name_or_path, device=device, dtype=dtype or torch.float32)
+        with _one_line_errors(name_or_path, "checkpoint"):
+            model, tokenizer = load_tiny_dlm(name_or_path, device=device, dtype=dtype or torch.float32)
         return _loaded(name_or_path, model, tokenizer, shift_logits)
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    with _one_line_errors(name_or_path, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     _refuse_if_not_masked_diffusion(name_or_path, config, tokenizer)
     from dlm._progress import loading_bars
 
-    with loading_bars():  # weight-loading bars only on a terminal
-        model = _model_class(config).from_pretrained(
-            name_or_path, trust_remote_code=trust_remote_code, dtype=dtype or "auto")
+    with loading_bars(), _one_line_errors(name_or_path):  # weight-loading bars only on a terminal
+        model, info = _model_class(config).from_pretrained(
+            name_or_path, trust_remote_code=trust_remote_code, dtype=dtype or "auto", output_loading_info=True)
+    check_weights_fit(info, name_or_path, config)
     model.to(device).eval()
     return _loaded(name_or_path, model, tokenizer, shift_logits)
 
 
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+class _one_line_errors:
+    """Turn what a damaged checkpoint makes a loader raise into one ValueError naming the checkpoint."""
+
+    def __init__(self, path: str, part: str = "weights"):
+        self.path, self.part = path, part
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if err is None or isinstance(err, ValueError):
+            return False
+        if "ignore_mismatched_sizes" in str(err):  # transformers' shape check; its report went to the log
+            raise ValueError(f"{self.path}: the weights' shapes do not match its config.json (a config of another "
+                             "model size or family than the weights)") from err
+        if isinstance(err, _LOAD_ERRORS) or type(err).__name__ == "SafetensorError":
+            raise ValueError(f"cannot load the {self.part} of {self.path}: {_first_line(err)}") from err
+        return False
+
+
 def _loaded(name: str, model, tokenizer, shift_logits: bool | None) -> LoadedModel:
+    check_tokenizer_fits(tokenizer, getattr(model, "config", None), name)
     mask_id = _refuse_if_not_masked_diffusion(name, getattr(model, "config", None), tokenizer)
     pad_id = resolve_token_id("pad_token_id", None, model, tokenizer)
     eos_id = resolve_token_id("eos_token_id", None, model, tokenizer)
