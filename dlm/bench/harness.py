@@ -510,14 +510,18 @@ def _engine_key(spec: SamplerSpec, cfg: BenchConfig) -> str:
     return "diffusers" if spec.is_diffusers else f"dlm/{spec.kv_cache or cfg.kv_cache}"
 
 
-def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=None) -> BenchResult:
-    """Run every (sampler, budget) pair of `cfg` on the same prompts; see the module docstring."""
+def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=None, journal=None) -> BenchResult:
+    """Run every (sampler, budget) pair of `cfg` on the same prompts; see the module docstring.
+
+    `journal` (a `dlm.bench.journal.Journal`): each finished pair is appended to it at once, and the
+    pairs it already holds (`--resume`) are taken from it instead of being run again.
+    """
     oracle_suite = _oracle_suite(cfg.suite)
     cfg.validate(check_steps=oracle_suite is None)  # an oracle fixes its own lengths
     specs = parse_sampler_specs(cfg.samplers)
     budgets = parse_steps(cfg.steps)
     if oracle_suite is not None:
-        return _run_oracle(cfg, oracle_suite, specs, budgets, progress)
+        return _run_oracle(cfg, oracle_suite, specs, budgets, progress, journal)
     check_spec_blocks(specs, cfg, budgets)
     tasks = resolve_suite(cfg.suite, cfg.extractor)
     examples = collect_examples(tasks, cfg.limit, cfg.seed)
@@ -543,11 +547,24 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
                 _, _, ids, mask = batches[0]
                 runner.run(spec, budgets[0], ids[:2], mask[:2], torch.Generator().manual_seed(cfg.seed))
 
+    meta = {
+        "suite_tasks": [t.name for t in tasks], "prompts": len(examples), "batches": len(batches),
+        "torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+        "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "model_parameters": sum(p.numel() for p in model.parameters()),
+        "definitions": "see dlm/bench/harness.py docstring and docs/benchmarks.md",
+    }
+    if journal is not None:
+        journal.begin(asdict(cfg), meta, [(s.label, b) for s in specs for b in budgets])
     pairs: list[PairResult] = []
     bar = tqdm(total=len(specs) * len(budgets) * len(batches), desc=f"bench {cfg.suite}", unit="batch",
                disable=not progress, file=sys.stderr)
     for spec in specs:
         for budget in budgets:
+            if journal is not None and (done := journal.done(spec.label, budget)) is not None:
+                pairs.append(done)  # finished by an earlier run of this configuration
+                bar.update(len(batches))
+                continue
             bar.set_postfix_str(f"{spec.label} steps={budget}")
             generator = torch.Generator().manual_seed(cfg.seed)
             scores, by_task, per_seq_nfe, call_nfe, per_seq_branches = [], {}, [], [], []
@@ -592,21 +609,18 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
                 branch_forwards=sum(per_seq_branches) / n, samples=samples,
                 extra=_expert_summary(expert_scores, n),
                 by_suite=_suite_summary(per_suite, cfg.gen_length) if len(suites) > 1 else {}))
+            if journal is not None:
+                journal.record(pairs[-1])
     bar.close()
     if not pairs:
         raise ValueError("the benchmark produced no results")
-    meta = {
-        "suite_tasks": [t.name for t in tasks], "prompts": len(examples), "batches": len(batches),
-        "torch": torch.__version__, "python": platform.python_version(), "device": str(device),
-        "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "model_parameters": sum(p.numel() for p in model.parameters()),
-        "definitions": "see dlm/bench/harness.py docstring and docs/benchmarks.md",
-    }
     result = BenchResult(config=asdict(cfg), meta=meta, pairs=pairs)
     result.meta["targets"] = summarize_targets(result)
     result.meta["vs_diffusers"] = compare_to_baselines(result)
     if len(suites) > 1:
         result.meta["vs_diffusers_by_suite"] = compare_by_suite(result)
+    if journal is not None:
+        journal.finish(result)
     return result
 
 
@@ -659,7 +673,8 @@ def _finite(value):
     return value
 
 
-def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list[int], progress: bool) -> BenchResult:
+def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list[int], progress: bool,
+                journal=None) -> BenchResult:
     """Oracle suites: the model is the suite's exact oracle (`--model` is not used), all samples
     decode in one batched call per pair, and quality is 100 x valid_fraction for the permutation
     oracle, 100 x (1 - total variation to the exact joint) otherwise (all metrics under `extra`)."""
@@ -682,11 +697,20 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
     prompts = suite.prompts(oracle, n)
     cfg = _with(cfg, gen_length=gen, block_length=block, temperature=temperature, model=suite.name, limit=n)
     headline = "valid_fraction" if "permutation" in suite.name else "1 - total_variation"
+    meta = {"suite_tasks": [suite.name], "prompts": n, "batches": 1, "oracle": True, "quality_metric": headline,
+            "torch": torch.__version__, "python": platform.python_version(), "device": cfg.device,
+            "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if journal is not None:
+        journal.begin(asdict(cfg), meta, [(s.label, b) for s in specs for b in budgets])
     pairs = []
     bar = tqdm(total=len(specs) * len(budgets), desc=f"bench {suite.name}", unit="pair", disable=not progress, file=sys.stderr)
     for spec in specs:
         kv = spec.kv_cache or cfg.kv_cache
         for budget in budgets:
+            if journal is not None and (done := journal.done(spec.label, budget)) is not None:
+                pairs.append(done)
+                bar.update(1)
+                continue
             g = torch.Generator().manual_seed(cfg.seed)
             with PeakMemory(torch.device(cfg.device)) as mem:
                 out = dlm.generate(oracle, prompts, **suite.generate_kwargs(oracle), block_length=block, steps=budget,
@@ -703,14 +727,15 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
                 tpf=gen / max(out.nfe, 1), tokens_per_s=n * gen / max(out.seconds, 1e-9), seconds=out.seconds,
                 forward_tokens=out.forward_tokens, peak_mem_mb=mem.peak_mb, mem_method=mem.method,
                 branch_forwards=float(out.branch_forwards), extra={k: _finite(v) for k, v in metrics.items()}))
+            if journal is not None:
+                journal.record(pairs[-1])
             bar.update(1)
     bar.close()
-    meta = {"suite_tasks": [suite.name], "prompts": n, "batches": 1, "oracle": True, "quality_metric": headline,
-            "torch": torch.__version__, "python": platform.python_version(), "device": cfg.device,
-            "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     result = BenchResult(config=asdict(cfg), meta=meta, pairs=pairs)
     result.meta["targets"] = summarize_targets(result)
     result.meta["vs_diffusers"] = compare_to_baselines(result)
+    if journal is not None:
+        journal.finish(result)
     return result
 
 

@@ -54,11 +54,16 @@ def register(subparsers) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print the JSON summary on stdout (the table goes to stderr)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the finished pairs of an interrupted run of the same options in --out (its pairs.jsonl)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from dataclasses import asdict
+
     from dlm.bench import BenchConfig, format_table, parse_sampler_specs, parse_steps, run_bench
+    from dlm.bench.journal import Journal, OutputError, write_partial
     from dlm.bench.report import plot_results, write_csv, write_json
 
     if args.threads:
@@ -74,11 +79,34 @@ def run(args) -> int:
                       limit=args.limit, gen_length=args.gen_length, block_length=args.block_length,
                       kv_cache=args.kv_cache, batch_size=args.batch_size, seed=args.seed, temperature=args.temperature,
                       eos_early_stop=not args.no_eos_stop, extractor=args.extractor, device=args.device)
-    result = run_bench(cfg, progress=sys.stderr.isatty() or args.progress)
-    files = {"json": str(write_json(result, out_dir / "results.json")), "csv": str(write_csv(result, out_dir / "results.csv"))}
-    if not args.no_plots:
-        for path in plot_results(result, out_dir):
-            files[path.stem] = str(path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    journal = Journal.open(out_dir, asdict(cfg), resume=args.resume)
+    if args.resume:
+        print(f"resume: {len(journal.pairs)} finished pairs in {journal.path}" if journal.pairs
+              else f"resume: nothing to resume in {out_dir}; starting afresh", file=sys.stderr)
+    try:
+        with _sigterm_as_interrupt():
+            result = run_bench(cfg, progress=sys.stderr.isatty() or args.progress, journal=journal)
+    except OutputError:
+        raise  # the folder cannot be written: its message says where the finished pairs are
+    except BaseException as err:  # Ctrl-C, SIGTERM, a crash: keep what finished
+        reason = "interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped by {type(err).__name__}"
+        line = write_partial(journal, out_dir, plots=not args.no_plots, reason=reason)
+        if line:
+            print(line, file=sys.stderr)
+        raise
+    if journal.reused:
+        print(f"resume: reused {len(journal.reused)} of {len(result.pairs)} pairs "
+              f"({', '.join(f'{s}@{b}' for s, b in journal.reused)}); ran {len(result.pairs) - len(journal.reused)}",
+              file=sys.stderr)
+    try:
+        files = {"json": str(write_json(result, out_dir / "results.json")), "csv": str(write_csv(result, out_dir / "results.csv"))}
+        if not args.no_plots:
+            for path in plot_results(result, out_dir):
+                files[path.stem] = str(path)
+    except OSError as err:
+        raise ValueError(f"cannot write the results in {out_dir}: {err.strerror or err}; every pair is kept in "
+                         f"{journal.path}: make the folder writable and rerun with --resume") from None
     table = format_table(result)
     if args.json:
         print(table, file=sys.stderr)
@@ -86,9 +114,34 @@ def run(args) -> int:
                    "pairs": [{k: getattr(p, k) for k in ("sampler", "budget", "engine", "kv_cache", "n", "quality",
                                                          "nfe", "branch_forwards", "nfe_per_call", "tpf", "tokens_per_s", "seconds",
                                                          "peak_mem_mb", "quality_by_task")} for p in result.pairs],
-                   "targets": result.meta.get("targets", {}), "vs_diffusers": result.meta.get("vs_diffusers", {})}
+                   "targets": result.meta.get("targets", {}), "vs_diffusers": result.meta.get("vs_diffusers", {}),
+                   "resumed_pairs": len(journal.reused)}
         print(json.dumps(summary))
     else:
         print(table)
         print(f"\nwrote {', '.join(files.values())}", file=sys.stderr)
     return 0
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM (a job scheduler stopping the run) raises KeyboardInterrupt, as Ctrl-C does, so that the
+    finished pairs are written out; the previous handler comes back afterwards."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            import signal
+            signal.signal(signal.SIGTERM, self._old)
+        return False
