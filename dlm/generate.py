@@ -1,350 +1,23 @@
-"""The dLLM decoding loop: semi-autoregressive blocks, step budget, KV cache, EOS handling.
+"""`dlm.generate`: the front door of the decoding engine.
 
-Follows LLaDA's reference `generate` (Nie et al., 2025) with the prefix and dual KV caches of
-Fast-dLLM (Wu et al., 2025) and dInfer's EOS early stop. The step policy is a `samplers.Sampler`.
+It validates the options into one `DecodingConfig`, hands an ensemble (`hex`) to `dlm.ensemble`
+(which calls the loops, never this module), and otherwise runs the loop of the model's family
+(`dlm.families`: masked diffusion in `dlm.masked_loop`, uniform noise in `dlm.uniform_noise`).
 """
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
-from tqdm.auto import tqdm
 
-from dlm.adapters import DLMAdapter
-from dlm.outputs import GenerateOutput, StepTrace
-from dlm.schedule import block_budget, tokens_this_step, validate_lengths
-from samplers import Sampler, StepContext, get_sampler
+from dlm.decoding_config import KV_CACHE_MODES, DecodingConfig
+from dlm.families import family_of, run_decoding
+from dlm.masked_loop import (_enforce_contract, _full_attention, _stop_at_eos, check_prompt_ids,  # noqa: F401
+                             resolve_kv_cache)
+from dlm.outputs import GenerateOutput, NonFiniteLogitsError, StepTrace
+from samplers import Sampler, get_sampler
 
-KV_CACHE_MODES = ("none", "prefix", "dual", "prompt", "auto")
-
-
-def _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, cache_refresh_every):
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
-        raise ValueError("input_ids must be a [batch, prompt_length] torch.long tensor")
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids is empty: give a prompt of at least one token")
-    if attention_mask is not None and attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
-    if kv_cache not in KV_CACHE_MODES:
-        raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
-    if cfg_scale < 0:
-        raise ValueError(f"cfg_scale must be >= 0 (0 turns guidance off), got {cfg_scale}")
-    if cfg_scale > 0 and kv_cache not in ("none", "auto"):
-        raise ValueError("classifier-free guidance (cfg_scale > 0) is not supported with a KV cache; use kv_cache='none'")
-    if cache_refresh_every < 0:
-        raise ValueError(f"cache_refresh_every must be >= 0 (0 refreshes only at block starts), got {cache_refresh_every}")
-
-
-def resolve_kv_cache(kv_cache: str, adapter: DLMAdapter, *, cfg_scale: float = 0.0,
-                     needs_hidden_states: bool = False) -> str:
-    """The cache mode a call runs with: `kv_cache` itself, except "auto", which is the fastest exact
-    setting: "prompt" for a model that declares a prompt blind to the response (exact there), else
-    "none". Never an approximation, so "auto" gives the uncached engine's tokens on every model."""
-    if kv_cache != "auto":
-        return kv_cache
-    exact_prompt_cache = adapter.prompt_ignores_response and adapter.supports_kv_cache
-    return "prompt" if exact_prompt_cache and cfg_scale == 0 and not needs_hidden_states else "none"
-
-
-def _check_cache_reuse(cache_across_blocks: bool, kv_cache: str) -> None:
-    if cache_across_blocks and kv_cache in ("none", "auto"):
-        raise ValueError("cache_across_blocks=True needs a KV cache: pass kv_cache='prefix' or 'dual'")
-    if cache_across_blocks and kv_cache == "prompt":
-        raise ValueError("kv_cache='prompt' already keeps its cache across blocks; drop cache_across_blocks")
-
-
-class _BlockForward:
-    """Produces aligned block logits for one block, owning the KV cache of that block.
-
-    It never feeds the model what cannot change the block's logits:
-    - a block-causal model (`DLMAdapter.block_causal`) gets only `x[:, :end]`: its positions before
-      `end` never attend past `end`, so the masked blocks after the current one are not computed;
-    - `live` (an index into the block's rows, see `_rows_needing_model`) drops rows whose answer is
-      already fixed; their logits come back as zeros, which the driver's EOS fill overwrites.
-    """
-
-    def __init__(self, adapter: DLMAdapter, mode: str, refresh_every: int, cfg_scale: float,
-                 prompt_length: int, attention_mask, position_ids, cut: bool = False):
-        self.adapter, self.mode, self.refresh_every = adapter, mode, refresh_every
-        # Feed `x[:, :end]` only: exact for a block-causal model, an opt-in approximation otherwise.
-        self.cut = adapter.block_causal or cut
-        self.cfg_scale, self.prompt_length = cfg_scale, prompt_length
-        self.attention_mask, self.position_ids = attention_mask, position_ids
-        self.cache = None
-        self.cache_rows = None  # `[Rc]` sorted block-row indices the cache holds (None: all rows)
-        self.forward_tokens = 0
-        # Hidden-state hook (joint sampler): when on, full forwards ask for the last hidden state.
-        self.want_hidden, self.hidden = False, None
-        self.carried = None  # (cache of the previous block for these rows, that block's start)
-        self._repeated = None  # (k, cache with each row repeated k times) for lookahead calls
-
-    def __call__(self, x: torch.Tensor, step: int, start: int, end: int,
-                 live: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
-        """Logits `[R, end-start, V]` for the block, and whether a full forward ran.
-
-        `x` is `[R, L]`; with `live` (`[R']` sorted row indices) only those rows are forwarded and the
-        other rows' logits are zeros."""
-        a = self.adapter
-        if self.mode == "prompt" and self.carried is not None and self.cache is None:
-            # the prompt's K/V came with the block: every step is a window over the response
-            self.cache, self.cache_rows = self.carried[0], None
-        refresh = bool(self.refresh_every) and step % self.refresh_every == 0
-        full = self.mode == "none" or refresh or (step == 0 and self.cache is None)
-        x_in, mask, pos = self._inputs(x, end, live)
-        if full and step == 0 and self.carried is not None and self.mode != "prompt":
-            raw, lo = self._extend(x_in, mask, pos)
-            logits = a.align(raw, lo, start, end)
-        elif full:
-            raw = self._full(x_in, mask, pos, live=live)
-            logits = a.align(raw, 0, start, end)
-            if self.hidden is not None:  # hidden-state hook: aligned like the logits
-                self.hidden = a.align(self.hidden, 0, start, end)
-        else:
-            lo, hi = self._window(x_in.shape[1], start, end)
-            raw = a.window(x_in, self._cache_for(live), lo, hi, mask, pos)
-            self.forward_tokens += x_in.shape[0] * (hi - lo)
-            logits = a.align(raw, lo, start, end)
-        if live is None:
-            return logits, full
-        out = logits.new_zeros((x.shape[0], *logits.shape[1:]))
-        out[live] = logits
-        if self.hidden is not None and self.hidden.shape[0] != x.shape[0]:
-            hidden = self.hidden.new_zeros((x.shape[0], *self.hidden.shape[1:]))
-            hidden[live] = self.hidden
-            self.hidden = hidden
-        return out, full
-
-    def _window(self, length: int, start: int, end: int) -> tuple[int, int]:
-        """Positions `(lo, hi)` a cached step recomputes, for an input of `length` positions: the
-        block for "dual", the block to the end for "prefix", the whole response for "prompt"."""
-        if self.mode == "prompt":
-            return self._response_start(), length
-        shift = 1 if self.adapter.shift_logits else 0
-        return start - shift, (length if self.mode == "prefix" else end)
-
-    def _response_start(self) -> int:
-        """First position whose logits the response needs (one earlier for shifted models): where
-        the prompt cache ends."""
-        return self.prompt_length - (1 if self.adapter.shift_logits else 0)
-
-    def _inputs(self, x, end, live):
-        """The model's input: `x`, its attention mask and positions, cut to `:end` for a
-        block-causal model and to the `live` rows."""
-        return _select(x, self.attention_mask, self.position_ids, end if self.cut else None, live)
-
-    def _cache_for(self, live):
-        """The cache restricted to the `live` rows. Rows only ever leave within a block, so the
-        rows the cache holds (`cache_rows`, None for all) are a superset of `live`."""
-        held = self.cache_rows
-        if live is None or (held is not None and held.numel() == live.numel()):
-            return self.cache
-        return _index_cache(self.cache, live if held is None else torch.searchsorted(held, live))
-
-    def _extend(self, x, mask, pos) -> tuple[torch.Tensor, int]:
-        """Block start without a full forward: recompute only from the previous block's start (that
-        block is now decoded) to the end, against the prompt and earlier blocks' cached K/V.
-
-        Approximation (documented in `generate`): those cached K/V were computed when the later
-        positions still held masks; a full forward would recompute them with the decoded tokens."""
-        cache, lo = self.carried
-        raw, new_cache = self.adapter.extend(x, cache, lo, mask, pos)
-        if new_cache is None:
-            raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
-        self.cache, self.cache_rows = new_cache, None
-        self.forward_tokens += x.shape[0] * (x.shape[1] - lo)
-        return raw, lo
-
-    def branches(self, x: torch.Tensor, k: int, start: int, end: int) -> torch.Tensor:
-        """Aligned block logits `[R*k, end-start, V]` for `x [R*k, L]`: each of the block's R rows
-        repeated k times (row-major), differing only inside the block.
-
-        Reuses the block's KV cache when there is one (the prefix, and for "dual" also the suffix,
-        are identical for all k candidates of a row, so the cached K/V are repeated, not
-        recomputed); without a cache it is one full forward over all R*k rows."""
-        a = self.adapter
-        mask = None if self.attention_mask is None else self.attention_mask.repeat_interleave(k, dim=0)
-        pos = None if self.position_ids is None else self.position_ids.repeat_interleave(k, dim=0)
-        x, mask, pos = _select(x, mask, pos, end if self.cut else None, None)
-        if self.mode == "none" or self.cache is None:
-            return a.align(self._full(x, mask, pos, keep_cache=False), 0, start, end)
-        if self._repeated is None or self._repeated[0] != k:
-            self._repeated = (k, _repeat_cache_rows(self.cache, k))
-        lo, hi = self._window(x.shape[1], start, end)
-        raw = a.window(x, self._repeated[1], lo, hi, mask, pos)
-        self.forward_tokens += x.shape[0] * (hi - lo)
-        return a.align(raw, lo, start, end)
-
-    def _full(self, x: torch.Tensor, attention_mask, position_ids, keep_cache: bool = True, live=None) -> torch.Tensor:
-        """One full forward of `x` (already cut to the model's input, see `_select`)."""
-        a = self.adapter
-        self.forward_tokens += x.numel()
-        if self.cfg_scale > 0:
-            # LLaDA's CFG: the unconditional input masks the prompt; one batched call.
-            uncond = x.clone()
-            uncond[:, : self.prompt_length] = a.mask_token_id
-            both_mask = None if attention_mask is None else attention_mask.repeat(2, 1)
-            both_pos = None if position_ids is None else position_ids.repeat(2, 1)
-            logits, _ = a.full(torch.cat([x, uncond]), both_mask, both_pos)
-            self.forward_tokens += x.numel()
-            cond, un = logits.chunk(2)
-            return un + (self.cfg_scale + 1) * (cond - un)
-        if self.want_hidden:  # kv_cache is "none" here (checked in generate)
-            raw, self.hidden = a.full_with_hidden(x, attention_mask, position_ids)
-            return raw
-        use_cache = keep_cache and self.mode != "none"
-        raw, cache = a.full(x, attention_mask, position_ids, use_cache=use_cache)
-        if use_cache:
-            if cache is None:
-                raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
-            if self.mode == "prompt":  # only the prompt's K/V are kept: they never go stale
-                cache = _slice_cache(cache, self._response_start())
-            self.cache, self._repeated, self.cache_rows = cache, None, live
-        return raw
-
-
-def _repeat_cache_rows(cache, k: int):
-    """Each batch row of a KV cache repeated k times (row-major), as new tensors.
-
-    Handles caches made of nested tuples/lists of `[B, ...]` tensors (the windowed-cache models of
-    this project); anything else cannot be shared by lookahead candidates."""
-    if isinstance(cache, torch.Tensor):
-        return cache.repeat_interleave(k, dim=0)
-    if isinstance(cache, (tuple, list)):
-        return type(cache)(_repeat_cache_rows(c, k) for c in cache)
-    raise ValueError(
-        f"a lookahead sampler cannot share a {type(cache).__name__} KV cache between its candidates "
-        f"(needs nested tuples of tensors); use kv_cache='none' with this model")
-
-
-def _slice_cache(cache, length: int):
-    """The first `length` positions of a KV cache of nested tuples/lists of `[B, H, L, D]` tensors
-    (the windowed-cache contract of `dlm.tiny.TinyDLMModel`)."""
-    if isinstance(cache, torch.Tensor):
-        return cache[:, :, :length]
-    if isinstance(cache, (tuple, list)):
-        return type(cache)(_slice_cache(c, length) for c in cache)
-    raise ValueError(f"kv_cache='prompt' cannot slice a {type(cache).__name__} cache; use 'prefix' or 'dual'")
-
-
-def _select(x, mask, pos, end, live):
-    """`x [R, L]` with its attention mask and positions (either may be None), cut to `:end` when
-    `end` is given (block-causal model) and to the `live` rows `[R']` when given."""
-    if end is not None:
-        x = x[:, :end]
-        mask = None if mask is None else mask[:, :end]
-        pos = None if pos is None else pos[:, :end]
-    if live is not None:
-        x = x[live]
-        mask = None if mask is None else mask[live]
-        pos = None if pos is None else pos[live]
-    return x, mask, pos
-
-
-def _carry_cache(forward: _BlockForward, rows: torch.Tensor, start: int, next_rows: torch.Tensor):
-    """The cache a finished block hands to the next one, or None when it has none.
-
-    `rows` `[R]` are the finished block's batch rows and `next_rows` `[R']` the next block's: rows
-    only leave, and a row the cache dropped inside the block had finished, so `next_rows` is a subset
-    of the rows the cache holds. Returns `(cache for next_rows, start)`."""
-    if forward.cache is None:
-        return None
-    held = rows if forward.cache_rows is None else rows[forward.cache_rows]
-    idx = torch.searchsorted(held, next_rows)
-    cache = forward.cache if idx.numel() == held.numel() else _index_cache(forward.cache, idx)
-    return cache, start
-
-
-def _index_cache(cache, rows: torch.Tensor):
-    """Select batch rows of a legacy cache (nested tuples/lists of `[B, ...]` tensors)."""
-    if isinstance(cache, torch.Tensor):
-        return cache[rows]
-    if isinstance(cache, (tuple, list)):
-        return type(cache)(_index_cache(c, rows) for c in cache)
-    raise RuntimeError(f"cannot select rows of a {type(cache).__name__} cache; pass eos_early_stop=False")
-
-
-def _rows_needing_model(block_x: torch.Tensor, eos_id: int, mask_id: int) -> torch.Tensor:
-    """`[R]` bool: rows whose output can still change (dInfer's EOS stop, applied at every step).
-
-    `block_x` `[R, Lb]` is the current block of rows still decoded (their earlier blocks are fully
-    committed and hold no EOS). A row is finished once the block holds an EOS with no mask before
-    it: the tokens before that EOS are committed and stay (the sampler does not remask) and
-    `_stop_at_eos` overwrites everything after it at the block's end, so another forward of that
-    row cannot change the output.
-    """
-    is_mask = (block_x == mask_id).long()
-    masks_before = is_mask.cumsum(dim=1) - is_mask  # masks strictly before each position
-    return ~((block_x == eos_id) & (masks_before == 0)).any(dim=1)
-
-
-class _LookaheadForward:
-    """`ctx.forward` of one step: logits of k candidate blocks per row, one batched model call each.
-
-    Counted by the driver: each call is one NFE and `k` branch forwards per row; calls stop at the
-    block's remaining share of the step budget (a further call raises)."""
-
-    def __init__(self, forward: _BlockForward, x_rows: torch.Tensor, start: int, end: int, mask_id: int, allowance: int):
-        self.forward, self.x_rows, self.start, self.end = forward, x_rows, start, end
-        self.mask_id, self.allowance = mask_id, allowance
-        self.calls, self.branches = 0, 0
-
-    @property
-    def left(self) -> int:
-        return self.allowance - self.calls
-
-    def __call__(self, candidates: torch.Tensor) -> torch.Tensor:
-        """candidates: `[R, k, Lb]` long block tokens. Returns aligned logits `[R, k, Lb, V]`."""
-        R, Lb = self.x_rows.shape[0], self.end - self.start
-        if candidates.dim() != 3 or candidates.shape[0] != R or candidates.shape[2] != Lb or candidates.dtype != torch.long:
-            raise ValueError(f"ctx.forward needs candidates of shape [{R}, k, {Lb}] (torch.long), got "
-                             f"{tuple(candidates.shape)} {candidates.dtype}")
-        if self.left <= 0:
-            raise RuntimeError("ctx.forward: the block's step budget is spent; check ctx.forwards_left before calling")
-        k = candidates.shape[1]
-        x = self.x_rows.repeat_interleave(k, dim=0)
-        x[:, self.start:self.end] = candidates.reshape(R * k, Lb)
-        logits = self.forward.branches(x, k, self.start, self.end)
-        logits[..., self.mask_id] = float("-inf")  # as for the driver's own logits
-        self.calls += 1
-        self.branches += k
-        return logits.reshape(R, k, Lb, -1)
-
-
-def _full_attention(attention_mask, gen_length):
-    """Extend a prompt attention mask over the generation; None when nothing is padded.
-
-    LLaDA was trained without an attention mask, so an all-ones mask is dropped rather than passed
-    (passing it could change results on some remote-code models)."""
-    if attention_mask is None or bool(attention_mask.all()):
-        return None, None
-    mask = torch.cat([attention_mask.long(), attention_mask.new_ones(attention_mask.shape[0], gen_length).long()], dim=1)
-    positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
-    return mask, positions
-
-
-def _live_index(needs: torch.Tensor) -> torch.Tensor | None:
-    """Sorted indices of the rows to forward, or None when every row needs the model (no copy)."""
-    if bool(needs.all()):
-        return None
-    return needs.nonzero().squeeze(1)
-
-
-def _stop_at_eos(x: torch.Tensor, rows: torch.Tensor, prompt_length: int, block_end: int, eos_id: int) -> torch.Tensor:
-    """Fill everything after the first EOS of finished rows with EOS. Returns `[R]` bool: row finished."""
-    generated = x[rows, prompt_length:block_end]
-    has_eos = (generated == eos_id).any(dim=1)
-    if has_eos.any():
-        length = x.shape[1] - prompt_length
-        first = torch.where(generated == eos_id, torch.arange(generated.shape[1], device=x.device), generated.shape[1]).min(dim=1).values
-        after = torch.arange(length, device=x.device).unsqueeze(0) > first.unsqueeze(1)
-        tail = x[rows, prompt_length:]
-        x[rows, prompt_length:] = torch.where(after & has_eos.unsqueeze(1), torch.full_like(tail, eos_id), tail)
-    return has_eos
+__all__ = ["DecodingConfig", "GenerateOutput", "KV_CACHE_MODES", "NonFiniteLogitsError", "StepTrace", "generate"]
 
 
 @torch.no_grad()
@@ -352,10 +25,10 @@ def generate(
     model,
     input_ids: torch.Tensor,
     *,
-    gen_length: int = 64,
+    gen_length: int | None = None,
     block_length: int | None = None,
     steps: int | None = None,
-    sampler: str | Sampler = "confidence",
+    sampler: str | Sampler | None = None,
     temperature: float = 0.0,
     mask_token_id: int | None = None,
     eos_token_id: int | None = None,
@@ -372,8 +45,20 @@ def generate(
     return_trace: bool = False,
     progress: bool = False,
     sampler_config: dict | None = None,
+    generation_config=None,
 ) -> GenerateOutput:
-    """Generate `gen_length` tokens after each prompt with a masked diffusion LM.
+    """Generate after each prompt with a diffusion LM: masked (LLaDA, Dream, LLaDA2, tiny-dlm) or
+    uniform-noise (transformers' DiffusionGemma).
+
+    The keywords build one validated `DecodingConfig` (a bad value raises ValueError naming it);
+    the model's family (`dlm.families`) says which options apply and runs its loop. On a
+    DiffusionGemma model, with `sampler=None` (the default there) the engine runs transformers' own
+    rule from `generation_config` (the model's own when omitted) and returns the tokens
+    `model.generate(input_ids, generation_config=gc)` returns from the same `torch.manual_seed`,
+    with less work (rows that stopped denoising leave the decoder batch); with a sampler name it
+    runs that sampler in uniform-noise mode ("commit" reads "accept", the rest is renoised), drawing
+    only from `generator`. Masked-only options (mask_token_id, KV-cache modes, guidance, ...) are
+    refused there.
 
     Args:
         model: callable `model(input_ids, attention_mask=None, **kw)` returning logits `[B, L, V]`
@@ -382,7 +67,8 @@ def generate(
             without it, a leading run of the pad id is taken as padding, see `check_prompt_ids`).
             Encode text with the tokenizer's prompt convention (`tokenizer.encode_prompt(text)` for
             the built-in tiny model, or `DLMPipeline`, which does it for you).
-        gen_length: tokens to generate; a multiple of `block_length`.
+        gen_length: tokens to generate; a multiple of `block_length` (default 64). On a uniform-noise
+            model: `max_new_tokens` (default: the generation config's), rounded up to whole canvases.
         block_length: semi-autoregressive block size (default: `gen_length`, one block).
         steps: budget of forward passes for the whole generation (default: `gen_length`, one token
             per step). Blocks get `ceil(steps_left / blocks_left)` passes each, unused passes roll
@@ -392,6 +78,9 @@ def generate(
             against the same budget, one pass per batched call; the driver offers `ctx.forward`
             only while the block has a pass to spare, so the budget holds for them too.
         sampler: registry name or `Sampler` object; `sampler_config` overrides its config by name.
+            Default (None): `confidence` on a masked model, transformers' rule on a uniform-noise one.
+        generation_config: a `DiffusionGemmaGenerationConfig` (uniform-noise models only): lengths,
+            EOS/pad ids, `max_denoising_steps`, the entropy bound, temperatures, adaptive stopping.
             An ensemble (`"hex"`) runs its experts through `dlm.ensemble` and ignores `block_length`.
         temperature: 0 is greedy; > 0 samples with Gumbel-max in float64 using `generator`.
         mask_token_id / eos_token_id: taken from the model config when not given.
@@ -435,235 +124,17 @@ def generate(
         `GenerateOutput` with `.sequences [B, P + gen_length]`, `.nfe`, `.branch_forwards`, `.tpf`,
         `.seconds`.
     """
-    steps = gen_length if steps is None else steps
-    policy = get_sampler(sampler, **(sampler_config or {}))
-    if policy.ensemble:
-        if cut_trailing_masks:
-            raise ValueError("cut_trailing_masks is not supported with an ensemble sampler (hex); drop it")
-        # HEX decides over whole generations: each expert is a call of this function with its own
-        # block length (`block_length` is not used: the experts' block lengths are the config's).
-        from dlm.ensemble import hex_generate
+    config = DecodingConfig(
+        gen_length=gen_length, block_length=block_length, steps=steps, sampler=sampler, sampler_config=sampler_config,
+        temperature=temperature, mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,
+        kv_cache=kv_cache, cache_refresh_every=cache_refresh_every, cfg_scale=cfg_scale,
+        cache_across_blocks=cache_across_blocks, cut_trailing_masks=cut_trailing_masks, eos_early_stop=eos_early_stop,
+        shift_logits=shift_logits, generation_config=generation_config, progress=progress)
+    if sampler is not None and get_sampler(sampler, **(sampler_config or {})).ensemble:
+        from dlm.ensemble import run_hex
 
-        return hex_generate(
-            model, input_ids, gen_length=gen_length, steps=steps, config=policy.config, callback=callback,
-            return_trace=return_trace, temperature=temperature, mask_token_id=mask_token_id,
-            eos_token_id=eos_token_id, attention_mask=attention_mask, generator=generator, kv_cache=kv_cache,
-            cache_refresh_every=cache_refresh_every, cfg_scale=cfg_scale, eos_early_stop=eos_early_stop,
-            shift_logits=shift_logits, progress=progress)
-    block_length = gen_length if block_length is None else block_length
-    num_blocks = validate_lengths(gen_length, block_length, steps)
-    _check_inputs(input_ids, attention_mask, temperature, kv_cache, cfg_scale, cache_refresh_every)
-    _check_cache_reuse(cache_across_blocks, kv_cache)
-    adapter = DLMAdapter.wrap(model, mask_token_id=mask_token_id, eos_token_id=eos_token_id, shift_logits=shift_logits)
-    kv_cache = resolve_kv_cache(kv_cache, adapter, cfg_scale=cfg_scale, needs_hidden_states=policy.needs_hidden_states)
-    if kv_cache != "none" and not adapter.supports_kv_cache:
-        raise ValueError(f"kv_cache={kv_cache!r} needs a model with KV-cache support (supports_dlm_kv_cache); use kv_cache='none'")
-    if eos_early_stop is None:
-        eos_early_stop = adapter.eos_token_id is not None
-    elif eos_early_stop and adapter.eos_token_id is None:
-        raise ValueError("eos_early_stop=True needs eos_token_id (pass it or use a model whose config has it)")
-    attention_mask = check_prompt_ids(adapter, input_ids, attention_mask)
-    batch, prompt_length = input_ids.shape
-    total_length = prompt_length + gen_length
-    if adapter.max_length is not None and total_length > adapter.max_length:
-        raise ValueError(
-            f"prompt ({prompt_length} tokens) + gen_length ({gen_length}) = {total_length} exceeds the "
-            f"model's context of {adapter.max_length} tokens; shorten the prompt or gen_length")
-    # Hidden-state hook (joint sampler): the policy checks its trained layer against the model.
-    policy.prepare(adapter.model)
-    if policy.needs_hidden_states and (kv_cache != "none" or cfg_scale > 0):
-        raise ValueError(f"sampler {policy.name!r} reads the model's hidden states, which need kv_cache='none' "
-                         f"and cfg_scale=0")
-
-    mask_id = adapter.mask_token_id
-    device = input_ids.device
-    x = torch.cat([input_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long, device=device)], dim=1)
-    full_mask, positions = _full_attention(attention_mask, gen_length)
-    model_positions = getattr(adapter.model, "dlm_position_ids", None)
-    if model_positions is not None:
-        # The model defines its own position scheme; computed once, since the prompt never changes.
-        positions = model_positions(x, full_mask)
-    active = torch.ones(batch, dtype=torch.bool, device=device)
-    # Per-step EOS stop needs committed tokens to stay (a remasking sampler can reopen them) and a
-    # full batch for lookahead calls, which share the block's cache row for row.
-    skip_finished = eos_early_stop and not policy.remasks and not policy.looks_ahead
-    previous = None  # (forward, rows, start) of the last block, whose cache the next block extends
-    state = policy.init_state(batch, total_length, device)
-    trace: list[StepTrace] = []
-    steps_per_block: list[int] = []
-    nfe, forward_tokens, branch_forwards, steps_left = 0, 0, 0, steps
-    bar = tqdm(total=steps, desc=f"dlm {policy.name}", unit="nfe", disable=not progress, leave=False)
-    started = time.perf_counter()
-
-    for block in range(num_blocks):
-        start = prompt_length + block * block_length
-        end = start + block_length
-        budget = block_budget(steps_left, num_blocks - block)
-        rows = active.nonzero().squeeze(1)
-        if rows.numel() == 0:
-            break
-        sub_mask = None if full_mask is None else full_mask[rows]
-        sub_pos = None if positions is None else positions[rows]
-        forward = _BlockForward(adapter, kv_cache, cache_refresh_every, cfg_scale, prompt_length, sub_mask, sub_pos,
-                                cut=cut_trailing_masks)
-        forward.want_hidden = policy.needs_hidden_states
-        if previous is not None:
-            forward.carried = _carry_cache(*previous, rows)
-        used, step, reuse = 0, 0, None
-        while True:
-            x_rows = x[rows]
-            block_x = x_rows[:, start:end]
-            candidates = block_x == mask_id
-            masks_left = candidates.sum(dim=1)
-            if not bool(masks_left.any()):  # one host sync per step: the block may finish early
-                break
-            live = None
-            if reuse is not None:
-                # The sampler's lookahead call already ran the model on exactly this block state.
-                logits, was_full, forwards = reuse, False, 0
-            else:
-                if used >= budget:  # unreachable: the step that spent the budget filled every mask
-                    raise RuntimeError("internal error: block has masks left but no forward passes")
-                if skip_finished:
-                    live = _live_index(_rows_needing_model(block_x, adapter.eos_token_id, mask_id))
-                    if live is not None and live.numel() == 0:
-                        break  # every row is finished: the EOS fill below completes the block
-                logits, was_full = forward(x_rows, step, start, end, live)
-                # The mask token is never a valid answer; an untrained or off-distribution model may
-                # still rank it first, which would "commit" a mask.
-                logits[..., mask_id] = float("-inf")
-                used, forwards = used + 1, 1
-            last = used >= budget
-            lookahead = None
-            if policy.looks_ahead and not last:
-                lookahead = _LookaheadForward(forward, x_rows, start, end, mask_id, budget - used)
-            ctx = StepContext(
-                x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, budget - used + 1),
-                step=step, steps_in_block=budget, last_step=last, temperature=temperature,
-                generator=generator, mask_token_id=mask_id, block_start=start, state=state, rows=rows,
-                forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left,
-                hidden=forward.hidden)
-            result = policy.step(logits, ctx)
-            new_block = _enforce_contract(result, block_x, candidates, masks_left, policy.remasks, last, mask_id)
-            branches = forwards
-            if lookahead is not None:
-                used += lookahead.calls
-                forwards += lookahead.calls
-                branches += lookahead.branches
-            reuse = _reusable_logits(result, new_block, lookahead)
-            if reuse is None and used >= budget:
-                # The sampler spent the last pass on a lookahead whose logits cannot serve the next
-                # step: nothing is left to run, so its proposal fills the block now.
-                new_block = torch.where(new_block == mask_id, result.proposal, new_block)
-            x[rows, start:end] = new_block
-            nfe += forwards
-            branch_forwards += branches
-            bar.update(forwards)
-            if callback is not None or return_trace:
-                left = (new_block == mask_id).sum(dim=1)
-                seen = slice(None) if live is None else live  # finished rows took no forward
-                record = StepTrace(block, step, nfe, rows[seen], (masks_left - left)[seen], left[seen], was_full,
-                                   forwards, branches, new_block[seen].clone() if return_trace else None)
-                if callback is not None:
-                    callback(record)
-                if return_trace:
-                    trace.append(record)
-            step += 1
-        forward_tokens += forward.forward_tokens
-        if kv_cache == "prompt" or (cache_across_blocks and not forward.cut):  # a cut forward's cache ends at `end`
-            previous = (forward, rows, start)
-        steps_per_block.append(used)
-        steps_left -= used
-        if eos_early_stop:
-            finished = _stop_at_eos(x, rows, prompt_length, end, adapter.eos_token_id)
-            active[rows[finished]] = False
-    bar.close()
-    seconds = time.perf_counter() - started
-    return GenerateOutput(
-        sequences=x, nfe=nfe, tpf=gen_length / max(nfe, 1), seconds=seconds,
-        forward_tokens=forward_tokens, steps_per_block=steps_per_block, trace=trace, branch_forwards=branch_forwards)
-
-
-def _reusable_logits(result, new_block: torch.Tensor, lookahead) -> torch.Tensor | None:
-    """The logits a sampler returned for its new block (`StepResult.next_logits`, `[R, Lb, V]`),
-    when the next step may use them instead of a forward pass: only logits from this step's own
-    `ctx.forward` calls, and only if the driver kept the block exactly as the sampler returned it."""
-    nxt = getattr(result, "next_logits", None)
-    if nxt is None:
-        return None
-    if lookahead is None or lookahead.calls == 0:
-        raise RuntimeError("StepResult.next_logits must come from this step's ctx.forward call; "
-                           "return next_logits=None otherwise")
-    if nxt.shape[:2] != new_block.shape:
-        raise RuntimeError(f"StepResult.next_logits has shape {tuple(nxt.shape)}, expected "
-                           f"{tuple(new_block.shape)} + (vocab,)")
-    return nxt if torch.equal(new_block, result.x) else None
-
-
-def check_prompt_ids(adapter: DLMAdapter, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
-    """Refuse prompts the model would silently get wrong; returns the attention mask to use.
-
-    - ids outside the vocabulary (the embedding lookup would fail deep inside the model);
-    - the mask id inside a real prompt token (the model would treat it as a blank to fill);
-    - a model whose config names a prompt separator (`position_restart_token_id`, the tiny model's
-      newline) needs every prompt to end with it;
-    - left padding without `attention_mask`: rows starting with the pad id get a mask that hides
-      that leading run (the documented convention); when the pad id is also the EOS or mask id the
-      padding cannot be told apart, so we refuse and ask for `attention_mask`.
-    Shapes: input_ids `[B, P]`, attention_mask `[B, P]` or None.
-    """
-    vocab = adapter.vocab_size
-    low, high = int(input_ids.min()), int(input_ids.max())
-    if low < 0 or (vocab is not None and high >= vocab):
-        bad = low if low < 0 else high
-        raise ValueError(f"input_ids contains token id {bad}, outside the model's vocabulary (0..{(vocab or 0) - 1}); "
-                         "encode the prompt with the model's tokenizer")
-    pad = adapter.pad_token_id
-    if attention_mask is None and pad is not None and bool((input_ids[:, 0] == pad).any()):
-        if pad in (adapter.eos_token_id, adapter.mask_token_id):
-            raise ValueError(f"input_ids rows start with token {pad}, which is the pad id and also the EOS or mask id, "
-                             "so left padding cannot be detected; pass attention_mask (0 on padding, 1 on prompt tokens)")
-        attention_mask = ((input_ids != pad).long().cummax(dim=1).values)
-        if not bool(attention_mask[:, -1].all()):
-            raise ValueError(f"a row of input_ids is all padding (pad id {pad}); give every row a prompt")
-    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    hit = (input_ids == adapter.mask_token_id) & real
-    if bool(hit.any()):
-        row, col = (int(v) for v in hit.nonzero()[0])
-        raise ValueError(f"the prompt contains the mask token id {adapter.mask_token_id} (row {row}, position {col}); "
-                         "a prompt must not contain masks: remove it, or pass the right mask_token_id")
-    separator = adapter.prompt_separator_id
-    if separator is not None and not bool((input_ids[:, -1] == separator).all()):
-        row = int((input_ids[:, -1] != separator).nonzero()[0])
-        raise ValueError(f"prompt row {row} does not end with the model's prompt separator (token {separator}); "
-                         "encode prompts with tokenizer.encode_prompt(text) or use DLMPipeline")
-    return attention_mask
-
-
-def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, last: bool, mask_id: int) -> torch.Tensor:
-    """The driver's guarantees, whatever the sampler returned. All `[R, Lb]`.
-
-    - rows that had no candidates do not change;
-    - a sampler that does not declare `remasks` never changes a committed token;
-    - every step makes progress: a row whose mask count did not drop gets its most confident
-      candidate committed;
-    - on the block's last step every remaining mask is filled with the sampler's proposal, so the
-      budget is honoured even by a sampler that commits too little.
-    """
-    new = result.x
-    if new.shape != block_x.shape:
-        raise RuntimeError(f"sampler returned x of shape {tuple(new.shape)}, expected {tuple(block_x.shape)}")
-    row_active = (masks_left > 0).unsqueeze(1)
-    new = torch.where(row_active, new, block_x)
-    if not remasks:
-        new = torch.where(candidates, new, block_x)
-    # Computed unconditionally (no host sync): a no-op for rows that progressed. A remasking
-    # sampler's stall may sit on a position it just masked again, so any mask of the block counts.
-    stalled = row_active.squeeze(1) & ((new == mask_id).sum(dim=1) >= masks_left)
-    still = new == mask_id
-    score = torch.where(still, result.confidence.double(), torch.full_like(result.confidence, -1.0, dtype=torch.float64))
-    best = torch.zeros_like(still).scatter_(1, score.argmax(dim=1, keepdim=True), True) & still
-    new = torch.where(best & stalled.unsqueeze(1), result.proposal, new)
-    if last:
-        new = torch.where(new == mask_id, result.proposal, new)
-    return new
+        family_of(model).check(config.replace(sampler=None, sampler_config=None))
+        return run_hex(model, input_ids, config, attention_mask=attention_mask, callback=callback,
+                       return_trace=return_trace)
+    return run_decoding(model, input_ids, config, attention_mask=attention_mask, callback=callback,
+                        return_trace=return_trace)

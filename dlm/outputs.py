@@ -67,3 +67,23 @@ class GenerateOutput:
     branch_forwards: int = 0
     experts: Any = None
     nfe_per_sequence: torch.Tensor | None = None
+
+
+class NonFiniteLogitsError(ValueError):
+    """The model produced NaN or infinite logits: decoding from them would return a silent wrong
+    answer (argmax of a NaN row is its first column), so the loop stops instead."""
+
+
+def nonfinite_positions(logits: torch.Tensor) -> torch.Tensor:
+    """`[]` long: positions of `logits [..., V]` that cannot be decoded: a NaN or +inf entry, or
+    every entry -inf. One reduction and no host sync: the max propagates NaN, is +inf when any
+    entry is, and -inf only when all are (single -inf entries are legitimate zero probabilities)."""
+    top = logits.amax(dim=-1)
+    return (~torch.isfinite(top)).sum()
+
+
+def raise_nonfinite(count: int, *, block: int, step: int, what: str = "block") -> None:
+    raise NonFiniteLogitsError(
+        f"the model returned non-finite logits (NaN or inf) at {count} position(s) in {what} {block}, step {step}; "
+        "decoding them would give wrong tokens. Likely cause: float16 overflow -- run the model in float32 or "
+        "bfloat16 (check model.dtype), or check the model's weights")

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import torch
 
-from dlm.outputs import GenerateOutput, StepTrace
+from dlm.outputs import GenerateOutput, StepTrace, nonfinite_positions, raise_nonfinite
 from dlm.schedule import block_budget, tokens_this_step
 from samplers import Sampler, StepContext
 from samplers.unmasking.entropy_bound import (EntropyBoundConfig, StableConfidentStop, categorical_entropy,
@@ -506,3 +506,125 @@ def _trace_counts(rule, rows) -> tuple[torch.Tensor, torch.Tensor]:
         return last
     zeros = torch.zeros(rows.numel(), dtype=torch.long, device=rows.device)
     return zeros, zeros
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry point from `dlm.families.UniformNoiseFamily`
+# --------------------------------------------------------------------------------------------------
+def resolve_generation_config(model, generation_config, **overrides):
+    """transformers' own resolution (call > model > global defaults, deep-copied, validated): the
+    caller's object is never changed. Refuses what this engine does not implement."""
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import (DiffusionGemmaGenerationConfig,
+                                                                               EntropyBoundSamplerConfig)
+
+    if generation_config is not None and not isinstance(generation_config, DiffusionGemmaGenerationConfig):
+        raise ValueError(f"generation_config must be a DiffusionGemmaGenerationConfig, got {type(generation_config).__name__}")
+    gc, unused = model._prepare_generation_config(generation_config, **overrides)
+    if unused:
+        raise ValueError(f"unknown generation options {sorted(unused)}")
+    if gc.cache_implementation is not None:
+        raise ValueError(f"generation_config.cache_implementation={gc.cache_implementation!r} is not implemented by "
+                         "dlm's engine (it keeps transformers' dynamic cache and never compiles); set it to None, or use "
+                         "model.generate for a static or quantized cache")
+    if not isinstance(gc.sampler_config, EntropyBoundSamplerConfig):
+        raise ValueError(f"generation_config.sampler_config must be an EntropyBoundSamplerConfig, "
+                         f"got {type(gc.sampler_config).__name__}")
+    return gc
+
+
+def _id_list(value) -> list[int] | None:
+    if value is None:
+        return None
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _check_prompt(input_ids, attention_mask, vocab_size: int) -> None:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
+        raise ValueError("input_ids must be a [batch, prompt_length] torch.long tensor")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is empty: give a prompt of at least one token")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"input_ids contains token id {low if low < 0 else high}, outside the model's vocabulary "
+                         f"(0..{vocab_size - 1}); encode the prompt with the model's tokenizer")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}")
+        if not bool(attention_mask.bool().any(dim=1).all()):
+            raise ValueError("a row of attention_mask is all zeros: give every row at least one prompt token")
+
+
+def run_uniform(model, input_ids: torch.Tensor, config, *, attention_mask=None, callback=None,
+                return_trace: bool = False) -> GenerateOutput:
+    """One `DecodingConfig` on a DiffusionGemma model. `config.sampler` None: transformers' rule from
+    the generation config, token-equal to `model.generate` from the same global seed. A sampler name:
+    that sampler in uniform-noise mode (`AcceptRule`, or `EntropyBoundRule` for `entropy_bound`),
+    drawing only from `config.generator`, within `config.steps` decoder forwards."""
+    from dlm.masked_loop import _enforce_contract
+    from samplers import get_sampler
+
+    cm = DiffusionGemmaCanvasModel(model)
+    _check_prompt(input_ids, attention_mask, cm.vocab_size)
+    overrides = {} if config.eos_token_id is None else {"eos_token_id": config.eos_token_id}
+    gc = resolve_generation_config(model, config.generation_config, **overrides)
+    _, max_new = model._prepare_generated_length(gc, input_ids.shape[1])
+    if config.gen_length is not None:
+        max_new = config.gen_length
+    if max_new <= 0:
+        raise ValueError(f"nothing to generate: max_new_tokens resolves to {max_new}; raise max_new_tokens or gen_length")
+    C, V = cm.canvas_length, cm.vocab_size
+    n_canvases = math.ceil(max_new / C)
+    text = model.config.text_config
+    if config.sampler is None:
+        eb = EntropyBoundConfig(entropy_bound=float(gc.sampler_config.entropy_bound), t_max=gc.t_max, t_min=gc.t_min,
+                                stability_threshold=gc.stability_threshold, confidence_threshold=gc.confidence_threshold)
+        plan = CanvasPlan(max_new, _id_list(gc.eos_token_id), gc.pad_token_id)
+
+        def make_rule(index, budget):
+            return EntropyBoundRule(eb, gc.max_denoising_steps, V, C, cm.embed_dtype)
+    else:
+        policy = get_sampler(config.sampler, **(config.sampler_config or {}))
+        block = C if config.block_length is None else config.block_length
+        if C % block:
+            raise ValueError(f"block_length ({block}) must divide the model's canvas_length ({C}) on a uniform-noise "
+                             "model: blocks are sub-blocks of a canvas")
+        steps = n_canvases * C if config.steps is None else config.steps
+        if steps < n_canvases * (C // block):
+            raise ValueError(f"steps ({steps}) must be at least {n_canvases * (C // block)}: {n_canvases} canvas(es) of "
+                             f"{C // block} block(s), each needs a forward pass")
+        eos = _id_list(gc.eos_token_id if gc.eos_token_id is not None else getattr(text, "eos_token_id", None))
+        pad = gc.pad_token_id if gc.pad_token_id is not None else getattr(text, "pad_token_id", None)
+        plan = CanvasPlan(max_new, eos, pad, steps=steps)
+        if getattr(policy, "uniform_native", False):
+            def make_rule(index, budget):
+                return EntropyBoundRule(policy.config, budget, V, C, cm.embed_dtype, generator=config.generator,
+                                        full_stream=False)
+        else:
+            policy.prepare(model)
+            if policy.needs_hidden_states:
+                raise ValueError(f"sampler {policy.name!r} with a layer that reads hidden states does not run on a "
+                                 "uniform-noise model; use a sampler without a trained layer")
+            state = policy.init_state(input_ids.shape[0], input_ids.shape[1] + n_canvases * C, input_ids.device)
+
+            def make_rule(index, budget):
+                return AcceptRule(policy, budget, C, block, V, cm.embed_dtype, config.temperature, config.generator,
+                                  gc.t_min, gc.t_max, state, _enforce_contract)
+
+    def check(logits, canvas, step):
+        bad = int(nonfinite_positions(logits))
+        if bad:
+            raise_nonfinite(bad, block=canvas, step=step, what="canvas")
+
+    with torch.no_grad():
+        return run_canvases(cm, input_ids, attention_mask, plan, make_rule, callback=callback,
+                            return_trace=return_trace, progress=config.progress, nonfinite_check=check)
+
+
+def planned_canvases(model, config, prompt_length: int) -> tuple[int, int]:
+    """`(canvas_length, canvases)` a call with `config` plans for (before any early EOS stop)."""
+    gc = resolve_generation_config(model, config.generation_config)
+    _, max_new = model._prepare_generated_length(gc, prompt_length)
+    if config.gen_length is not None:
+        max_new = config.gen_length
+    canvas = int(model.config.canvas_length)
+    return canvas, max(1, math.ceil(max_new / canvas))

@@ -157,8 +157,10 @@ class EntropyBoundSampler(Sampler):
     """`entropy_bound`: DiffusionGemma's rule. On a uniform-noise model the engine runs it natively
     (accept by the bound over the whole canvas, renoise the rest, adaptive stopping, output the
     argmax; `dlm.uniform_noise`). On a masked model it commits the masked positions the bound
-    accepts, each with a token drawn at the scheduled temperature (the masked `eb` sampler uses the
-    same bound on the untempered, greedy distribution)."""
+    accepts (entropies at the scheduled temperature), each with the argmax token at the engine's
+    greedy default (`temperature=0`) or a token drawn at the scheduled temperature when
+    `temperature > 0` (the masked `eb` sampler uses the same bound on the untempered
+    distribution)."""
 
     name = "entropy_bound"
     Config = EntropyBoundConfig
@@ -172,6 +174,9 @@ class EntropyBoundSampler(Sampler):
         scaled = logits.float() / temperature
         probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)
         B, L, V = probs.shape
-        proposal = exponential_race(probs.reshape(B * L, V), ctx.generator).view(B, L)
+        if ctx.temperature == 0:  # the engine's greedy default: argmax proposals, the same acceptance
+            proposal = scaled.argmax(dim=-1)
+        else:
+            proposal = exponential_race(probs.reshape(B * L, V), ctx.generator).view(B, L)
         accepted = entropy_bound_accept(categorical_entropy(scaled), c.entropy_bound, ctx.candidates)
         return StepResult(commit(ctx.x, proposal, accepted), proposal, gather_prob(probs, proposal))

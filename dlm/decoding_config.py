@@ -1,0 +1,96 @@
+"""One validated object for every decoding option of `dlm.generate`.
+
+`generate(**kwargs)` builds a `DecodingConfig`; every field is checked when it is built, and a bad
+value raises a `ValueError` naming the field and the fix. What a model family cannot honour (a
+mask id on a model without masks, a KV-cache mode the family does not have) is refused by that
+family's strategy (`dlm.families`), never silently ignored. Frozen: the loops and the ensemble
+derive variants with `replace`, and the object the caller built is never changed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+KV_CACHE_MODES = ("none", "prefix", "dual", "prompt", "auto")
+
+
+def _positive_int_or_none(name: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+        raise ValueError(f"{name} must be a positive integer (or None for the default), got {value!r}")
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    """Options of one `dlm.generate` call (see its docstring for each field's meaning).
+
+    None means "the model family's default": gen_length 64 tokens on a masked model and the
+    generation config's `max_new_tokens` on a uniform-noise one; block_length the whole generation
+    (masked) or the canvas (uniform); steps one token per forward (masked) or the generation
+    config's `max_denoising_steps` per canvas (uniform); sampler `confidence` (masked) or
+    transformers' own DiffusionGemma rule from the generation config (uniform).
+    """
+
+    gen_length: int | None = None
+    block_length: int | None = None
+    steps: int | None = None
+    sampler: Any = None
+    sampler_config: dict | None = None
+    temperature: float = 0.0
+    mask_token_id: int | None = None
+    eos_token_id: int | None = None
+    generator: torch.Generator | None = None
+    kv_cache: str = "none"
+    cache_refresh_every: int = 0
+    cfg_scale: float = 0.0
+    cache_across_blocks: bool = False
+    cut_trailing_masks: bool = False
+    eos_early_stop: bool | None = None
+    shift_logits: bool | None = None
+    generation_config: Any = None
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Family-independent checks; raises ValueError naming the field and the fix."""
+        _positive_int_or_none("gen_length", self.gen_length)
+        _positive_int_or_none("block_length", self.block_length)
+        _positive_int_or_none("steps", self.steps)
+        t = self.temperature
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {t!r}")
+        if self.kv_cache not in KV_CACHE_MODES:
+            raise ValueError(f"kv_cache must be one of {KV_CACHE_MODES}, got {self.kv_cache!r}")
+        if not isinstance(self.cfg_scale, (int, float)) or self.cfg_scale < 0:
+            raise ValueError(f"cfg_scale must be >= 0 (0 turns guidance off), got {self.cfg_scale!r}")
+        if self.cfg_scale > 0 and self.kv_cache not in ("none", "auto"):
+            raise ValueError("classifier-free guidance (cfg_scale > 0) is not supported with a KV cache; use kv_cache='none'")
+        if not isinstance(self.cache_refresh_every, int) or self.cache_refresh_every < 0:
+            raise ValueError(f"cache_refresh_every must be an integer >= 0 (0 refreshes only at block starts), "
+                             f"got {self.cache_refresh_every!r}")
+        if self.cache_across_blocks and self.kv_cache in ("none", "auto"):
+            raise ValueError("cache_across_blocks=True needs a KV cache: pass kv_cache='prefix' or 'dual'")
+        if self.cache_across_blocks and self.kv_cache == "prompt":
+            raise ValueError("kv_cache='prompt' already keeps its cache across blocks; drop cache_across_blocks")
+        if self.sampler_config is not None and not isinstance(self.sampler_config, dict):
+            raise ValueError(f"sampler_config must be a dict of sampler options, got {type(self.sampler_config).__name__}")
+        if self.generator is not None and not isinstance(self.generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator, got {type(self.generator).__name__}")
+        for name in ("mask_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name} must be a token id (an integer >= 0), got {value!r}")
+
+    def replace(self, **changes: Any) -> "DecodingConfig":
+        """A validated copy with `changes` applied."""
+        return dataclasses.replace(self, **changes)
+
+    def given(self) -> dict[str, Any]:
+        """The fields that differ from their defaults: what the caller asked for explicitly."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default and f.name != "progress"}
