@@ -371,7 +371,9 @@ def quick_eval(model, tok, tasks, n_per_task: int, seed: int = 123, steps: int =
     return {k: sum(v) / len(v) for k, v in acc.items()}, outs
 
 
-def save(model, tok, out: Path, step: int, loss: float, args):
+def save(model, tok, out: Path, step: int, loss: float, args, trainer_state: dict | None = None):
+    """Write the checkpoint folder atomically (a .tmp folder renamed over `out`); with `trainer_state`
+    also `trainer_state.pt` (float32 weights, optimizer, step, elapsed time, RNG states) for --resume."""
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -387,9 +389,41 @@ def save(model, tok, out: Path, step: int, loss: float, args):
     tok.save_pretrained(tmp)
     (tmp / "training_state.json").write_text(json.dumps(
         {"step": step, "loss": loss, "args": vars(args)}, indent=2))
+    if trainer_state is not None:
+        torch.save(trainer_state, tmp / "trainer_state.pt")
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
+
+
+# Options that may change between a run and its --resume (they do not change what is trained).
+RESUME_MAY_DIFFER = {"resume", "max_steps", "threads", "log_every", "eval_every_min", "save_every_min",
+                     "save_every_steps", "eval_n", "device"}
+
+
+def trainer_state(model, opt, step, elapsed, ema, rng, gen, args) -> dict:
+    """Everything --resume needs to go on as if the run had not stopped."""
+    return {"model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+            "optimizer": opt.state_dict(), "step": step, "elapsed": elapsed, "ema": ema, "rng": rng.getstate(),
+            "torch_rng": torch.get_rng_state(), "gen": gen.get_state(), "args": vars(args)}
+
+
+def load_trainer_state(out: Path, args, ap) -> dict:
+    """The state saved in `out` by an earlier run of the same options (ap.error otherwise)."""
+    path = out / "trainer_state.pt"
+    if not path.is_file():
+        ap.error(f"--resume: no {path}; start without --resume (checkpoints with it are written every "
+                 "--save-every-min minutes or --save-every-steps steps)")
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as err:  # a truncated or foreign file
+        ap.error(f"--resume: cannot read {path} ({type(err).__name__}: {err}); the checkpoint is damaged")
+    old, new = state["args"], vars(args)
+    diff = [k for k in dict.fromkeys(list(old) + list(new)) if k not in RESUME_MAY_DIFFER and old.get(k) != new.get(k)]
+    if diff:
+        ap.error("--resume: the checkpoint was trained with other options: "
+                 + "; ".join(f"--{k.replace('_', '-')} {old.get(k)!r} there, {new.get(k)!r} now" for k in diff))
+    return state
 
 
 def main(argv=None):
@@ -455,6 +489,9 @@ def main(argv=None):
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--eval-every-min", type=float, default=8.0)
     ap.add_argument("--save-every-min", type=float, default=5.0)
+    ap.add_argument("--save-every-steps", type=int, default=0, help="also save every N steps (0: by time only)")
+    ap.add_argument("--resume", action="store_true",
+                    help="go on from --out's trainer_state.pt (same options; step, optimizer, clock and RNG restored)")
     ap.add_argument("--eval-n", type=int, default=4)
     ap.add_argument("--init", default=None, help="resume weights (and tokenizer) from a checkpoint dir")
     ap.add_argument("--restart-positions", type=int, default=1,
@@ -479,7 +516,11 @@ def main(argv=None):
         rollout_tasks = parse_rollout_tasks(args.rollout_tasks, tasks)
     except ValueError as err:
         ap.error(str(err))
-    if args.init:
+    out = Path(args.out)
+    resumed = load_trainer_state(out, args, ap) if args.resume else None
+    if resumed is not None:
+        tok = TinyCharTokenizer.from_pretrained(out)
+    elif args.init:
         tok = TinyCharTokenizer.from_pretrained(args.init)
     else:
         tok = TinyCharTokenizer(words=learn_word_vocabulary(tasks, args.word_min_count) if args.word_min_count else ())
@@ -492,12 +533,14 @@ def main(argv=None):
         max_position_embeddings=192, mask_token_id=tok.mask_token_id,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         position_restart_token_id=tok.encode(PROMPT_SUFFIX)[0] if args.restart_positions else None)
-    if args.init:
+    if args.init and resumed is None:
         model = TinyDLMModel.from_pretrained(args.init, dtype=torch.float32)
     else:
         model = TinyDLMModel(cfg)
     if args.prompt_causal:
         model.config.prompt_attends_response = False
+    if resumed is not None:
+        model.load_state_dict(resumed["model"])
     device = torch.device(args.device)
     model.to(device)
     model.train()
@@ -509,12 +552,18 @@ def main(argv=None):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
-    out = Path(args.out)
     t0 = time.time()
     budget = args.max_minutes * 60
     last_eval = last_save = t0
     ema = None
     step = 0
+    if resumed is not None:  # the wall-time LR schedule goes on from the saved clock
+        opt.load_state_dict(resumed["optimizer"])
+        step, ema, t0 = resumed["step"], resumed["ema"], t0 - resumed["elapsed"]
+        rng.setstate(resumed["rng"])
+        torch.set_rng_state(resumed["torch_rng"])
+        gen.set_state(resumed["gen"])
+        print(f"resumed from {out} at step {step} ({resumed['elapsed'] / 60:.1f} min trained)", flush=True)
     while step < args.max_steps:
         elapsed = time.time() - t0
         if elapsed > budget:
@@ -560,15 +609,16 @@ def main(argv=None):
             print(f"step {step} loss {lv:.4f} ema {ema:.4f} gnorm {gnorm:.2f} lr {lr:.2e} "
                   f"elapsed {el / 60:.1f}m ({el / step:.2f}s/step)", flush=True)
         now = time.time()
-        if now - last_save > args.save_every_min * 60:
-            save(model, tok, out, step, ema, args)
+        if now - last_save > args.save_every_min * 60 or (args.save_every_steps and step % args.save_every_steps == 0):
+            save(model, tok, out, step, ema, args, trainer_state(model, opt, step, now - t0, ema, rng, gen, args))
             last_save = now
         if now - last_eval > args.eval_every_min * 60:
             acc, outs = quick_eval(model, tok, tasks, args.eval_n)
             print("eval " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()), flush=True)
             print("  sample:", repr(outs[0]), "|", repr(outs[-1]), flush=True)
             last_eval = time.time()
-    save(model, tok, out, step, ema if ema is not None else float("nan"), args)
+    save(model, tok, out, step, ema if ema is not None else float("nan"), args,
+         trainer_state(model, opt, step, time.time() - t0, ema, rng, gen, args))
     el = time.time() - t0
     print(f"done: {step} steps in {el / 60:.1f} min, final ema loss {ema:.4f}; saved to {out}",
           flush=True)
