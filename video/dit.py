@@ -24,7 +24,7 @@ K/V, the norm and q/k/v projections recomputed per group).
 
 import torch
 
-from video.dit_attention import attend, attention_by_spans, rows, token_spans
+from video.dit_attention import attend, attention_by_spans, head_linear, rows, token_spans
 
 SUPPORTED_DIT = ("WanTransformer3DModel", "CogVideoXTransformer3DModel", "HunyuanVideoTransformer3DModel")
 
@@ -93,14 +93,16 @@ def wan_block_forward(block, chunks: int, head_slices: int = 1):
             x = hidden_states[:, a:b]
             return (block.norm1(x.float()) * (1 + rows(scale, a, b, n)) + rows(shift, a, b, n)).type_as(x)
 
-        def kv_of(seg):
+        # Wan's qk RMSNorm spans all heads, so q and k are projected whole and sliced; v per group
+        def kv_of(seg, h0, h1):
             h, a, b = norm1(seg), seg[1], seg[2]
-            k = _wan_rope(attn.norm_k(attn.to_k(h)).unflatten(2, (heads, -1)), cos[:, a:b], sin[:, a:b])
-            return k, attn.to_v(h).unflatten(2, (heads, -1))
+            k = attn.norm_k(attn.to_k(h)).unflatten(2, (heads, -1))[:, :, h0:h1]
+            return _wan_rope(k, cos[:, a:b], sin[:, a:b]), head_linear(attn.to_v, h, h0, h1, heads)
 
-        def q_of(seg):
+        def q_of(seg, h0, h1):
             a, b = seg[1], seg[2]
-            return _wan_rope(attn.norm_q(attn.to_q(norm1(seg))).unflatten(2, (heads, -1)), cos[:, a:b], sin[:, a:b])
+            q = attn.norm_q(attn.to_q(norm1(seg))).unflatten(2, (heads, -1))[:, :, h0:h1]
+            return _wan_rope(q, cos[:, a:b], sin[:, a:b])
 
         backend = attn.processor._attention_backend
         o_all = attention_by_spans(segs, n, heads, head_slices, kv_of, q_of,
@@ -157,22 +159,21 @@ def cogvideox_block_forward(block, chunks: int, head_slices: int = 1):
             shift, scale = (mods[3], mods[4]) if is_text else (mods[0], mods[1])
             return norm.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]
 
-        def project(lin, norm, h, seg, rope=True):
-            # diffusers' layout is [B, H, n, d] (qk-norm and RoPE there); ours [B, n, H, d] (a view)
-            y = lin(h)
-            y = y.view(y.shape[0], -1, heads, y.shape[-1] // heads).transpose(1, 2)
+        def project(lin, norm, h, seg, h0, h1):
+            # diffusers applies the per-head LayerNorm and RoPE on [B, H, n, d]; ours is [B, n, H, d]
+            y = head_linear(lin, h, h0, h1, heads).transpose(1, 2)
             if norm is not None:
                 y = norm(y)
-            if rope and image_rotary_emb is not None and not seg[0]:
+            if image_rotary_emb is not None and not seg[0]:
                 y = apply_rotary_emb(y, (image_rotary_emb[0][seg[1]:seg[2]], image_rotary_emb[1][seg[1]:seg[2]]))
             return y.transpose(1, 2)
 
-        def kv_of(seg):
+        def kv_of(seg, h0, h1):
             h = modulate(block.norm1, m1, src(seg), seg[0])
-            return project(attn.to_k, attn.norm_k, h, seg), project(attn.to_v, None, h, seg, rope=False)
+            return project(attn.to_k, attn.norm_k, h, seg, h0, h1), head_linear(attn.to_v, h, h0, h1, heads)
 
-        def q_of(seg):
-            return project(attn.to_q, attn.norm_q, modulate(block.norm1, m1, src(seg), seg[0]), seg)
+        def q_of(seg, h0, h1):
+            return project(attn.to_q, attn.norm_q, modulate(block.norm1, m1, src(seg), seg[0]), seg, h0, h1)
 
         def sdpa(q, k, v):  # CogVideoXAttnProcessor2_0 calls torch's SDPA directly on [B, H, S, d]
             o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
@@ -200,9 +201,9 @@ def _hunyuan_rope(y, freqs, a, b):
     return apply_rotary_emb(y, (freqs[0][a:b], freqs[1][a:b]), sequence_dim=1)
 
 
-def _hunyuan_qk(attn, h, seg, freqs, lin, norm):
-    """One span's query or key ``[B, n, H, d]``: projection, per-head RMSNorm, RoPE on video rows."""
-    y = lin(h).unflatten(2, (attn.heads, -1))
+def _hunyuan_qk(attn, h, seg, freqs, lin, norm, h0, h1):
+    """One span's query or key for heads ``h0:h1``: projection, per-head RMSNorm, RoPE on video rows."""
+    y = head_linear(lin, h, h0, h1, attn.heads)
     if norm is not None:
         y = norm(y)
     if freqs is not None and not seg[0]:
@@ -230,17 +231,17 @@ def hunyuan_double_block_forward(block, chunks: int, head_slices: int = 1):
             norm, m = (block.norm1_context, mt) if seg[0] else (block.norm1, mv)
             return norm.norm(src(seg)) * (1 + m[1][:, None]) + m[0][:, None]
 
-        def kv_of(seg):
+        def kv_of(seg, h0, h1):
             h = norm_in(seg)
             if seg[0]:
-                return (_hunyuan_qk(attn, h, seg, None, attn.add_k_proj, attn.norm_added_k),
-                        attn.add_v_proj(h).unflatten(2, (heads, -1)))
-            return (_hunyuan_qk(attn, h, seg, freqs_cis, attn.to_k, attn.norm_k),
-                    attn.to_v(h).unflatten(2, (heads, -1)))
+                return (_hunyuan_qk(attn, h, seg, None, attn.add_k_proj, attn.norm_added_k, h0, h1),
+                        head_linear(attn.add_v_proj, h, h0, h1, heads))
+            return (_hunyuan_qk(attn, h, seg, freqs_cis, attn.to_k, attn.norm_k, h0, h1),
+                    head_linear(attn.to_v, h, h0, h1, heads))
 
-        def q_of(seg):
+        def q_of(seg, h0, h1):
             lin, norm = (attn.add_q_proj, attn.norm_added_q) if seg[0] else (attn.to_q, attn.norm_q)
-            return _hunyuan_qk(attn, norm_in(seg), seg, freqs_cis, lin, norm)
+            return _hunyuan_qk(attn, norm_in(seg), seg, freqs_cis, lin, norm, h0, h1)
 
         backend = attn.processor._attention_backend
         o_all = attention_by_spans(segs, n + t, heads, head_slices, kv_of, q_of,
@@ -279,13 +280,13 @@ def hunyuan_single_block_forward(block, chunks: int, head_slices: int = 1):
         def norm_in(seg):
             return block.norm.norm(src(seg)) * (1 + scale[:, None]) + shift[:, None]
 
-        def kv_of(seg):
+        def kv_of(seg, h0, h1):
             h = norm_in(seg)
-            return (_hunyuan_qk(attn, h, seg, image_rotary_emb, attn.to_k, attn.norm_k),
-                    attn.to_v(h).unflatten(2, (heads, -1)))
+            return (_hunyuan_qk(attn, h, seg, image_rotary_emb, attn.to_k, attn.norm_k, h0, h1),
+                    head_linear(attn.to_v, h, h0, h1, heads))
 
-        def q_of(seg):
-            return _hunyuan_qk(attn, norm_in(seg), seg, image_rotary_emb, attn.to_q, attn.norm_q)
+        def q_of(seg, h0, h1):
+            return _hunyuan_qk(attn, norm_in(seg), seg, image_rotary_emb, attn.to_q, attn.norm_q, h0, h1)
 
         backend = attn.processor._attention_backend
         o_all = attention_by_spans(segs, n + t, heads, head_slices, kv_of, q_of,
@@ -296,6 +297,25 @@ def hunyuan_single_block_forward(block, chunks: int, head_slices: int = 1):
             mlp = block.act_mlp(block.proj_mlp(norm_in(seg)))
             out_all[:, ga:gb] = gate.unsqueeze(1) * block.proj_out(torch.cat([o_all[:, ga:gb], mlp], dim=2)) + src(seg)
         return out_all[:, :n], out_all[:, n:]
+
+    return forward
+
+
+# -------------------------------------------------------------------------------------- output head
+def token_span_forward(module, chunks: int):
+    """``module.forward(x [B, N, D], *per_sample_args)`` run per span of the N tokens into one output
+    buffer: for the per-token output norms after the last block (LayerNorm, adaLN), so that their
+    full-size temporaries (normalised, scaled, shifted copies) exist only span-sized."""
+    orig = type(module).forward
+
+    def forward(x, *args, **kwargs):
+        out = None
+        for a, b in token_spans(x.shape[1], chunks):
+            y = orig(module, x[:, a:b], *args, **kwargs)
+            if out is None:
+                out = y.new_empty((y.shape[0], x.shape[1]) + tuple(y.shape[2:]))
+            out[:, a:b] = y
+        return out
 
     return forward
 
@@ -316,7 +336,8 @@ def _check_processor(model_name, attn, allowed):
 
 
 def dit_targets(model):
-    """(block, forward factory) pairs of a supported DiT; ValueError for a block or attention
+    """(module, forward factory) pairs of a supported DiT: its transformer blocks, then the per-token
+    norms of its output head; ValueError for a block or attention
     processor we cannot slice exactly (names the class and what is supported)."""
     name = type(model).__name__
     if name == "WanTransformer3DModel":
@@ -333,6 +354,8 @@ def dit_targets(model):
                   for b in model.single_transformer_blocks]
     else:
         raise ValueError(f"not a supported DiT: {name}; supported: {', '.join(SUPPORTED_DIT)}")
+    heads = {"CogVideoXTransformer3DModel": ("norm_final", "norm_out"),
+             "HunyuanVideoTransformer3DModel": ("norm_out",)}.get(name, ())
     for block, factory, cls, attns, allowed in pairs:
         if type(block).__name__ != cls:
             raise ValueError(f"video.streamline cannot slice {name} block {type(block).__name__}; "
@@ -340,3 +363,5 @@ def dit_targets(model):
         for a in attns:
             _check_processor(name, a, allowed)
         yield block, factory
+    for attr in heads:  # the output head: per-token norms (Wan's is inline in its forward)
+        yield getattr(model, attr), lambda mod, chunks, head_slices: token_span_forward(mod, chunks)

@@ -75,7 +75,8 @@ def attention_by_spans(segs, length, heads, head_slices, kv_of, q_of, attn_fn):
 
     segs: ``(tag, a, b, ga, gb)`` spans of the joint sequence (``ga:gb`` its global rows, ``tag, a, b``
         what the callbacks need to find the span's inputs).
-    kv_of(seg) -> (k, v) and q_of(seg) -> q: projections of the span, ``[B, n, heads, head_dim]``.
+    kv_of(seg, h0, h1) -> (k, v) and q_of(seg, h0, h1) -> q: projections of the span for heads
+        ``h0:h1``, ``[B, n, h1 - h0, head_dim]``.
     attn_fn(q, k, v) -> ``[B, n, heads', head_dim]`` attention (exact per query row).
     Returns the attention output ``[B, length, heads * head_dim]`` in the dtype of the queries.
     """
@@ -83,14 +84,28 @@ def attention_by_spans(segs, length, heads, head_slices, kv_of, q_of, attn_fn):
     for h0, h1 in head_spans(heads, head_slices):
         kv = KVBuffer(length)
         for seg in segs:
-            k, v = kv_of(seg)
-            kv.put(seg[3], seg[4], k[:, :, h0:h1], v[:, :, h0:h1])
+            k, v = kv_of(seg, h0, h1)
+            kv.put(seg[3], seg[4], k, v)
         for seg in segs:
-            q = q_of(seg)
-            o = attn_fn(q[:, :, h0:h1], kv.k, kv.v)
+            q = q_of(seg, h0, h1)
+            o = attn_fn(q, kv.k, kv.v)
             if out is None:
                 d = q.shape[-1]
                 out = q.new_empty(q.shape[0], length, heads * d)
             out[:, seg[3]:seg[4], h0 * d:h1 * d] = o.flatten(2, 3)
         del kv
     return out
+
+
+def head_linear(lin, x, h0: int, h1: int, heads: int):
+    """``lin(x)`` restricted to the output features of heads ``h0:h1``, as ``[B, n, h1 - h0, d]``.
+
+    A plain ``nn.Linear`` computes only those rows of its weight (head groups then cost no extra
+    projection FLOPs); any other module (e.g. a LoRA wrapper) runs whole and is sliced after."""
+    if h0 == 0 and h1 == heads:
+        return lin(x).unflatten(2, (heads, -1))
+    if type(lin) is torch.nn.Linear:
+        d = lin.out_features // heads
+        bias = None if lin.bias is None else lin.bias[h0 * d:h1 * d]
+        return torch.nn.functional.linear(x, lin.weight[h0 * d:h1 * d], bias).unflatten(2, (h1 - h0, d))
+    return lin(x).unflatten(2, (heads, -1))[:, :, h0:h1]

@@ -17,13 +17,13 @@ import video  # noqa: E402
 def _wan():
     m = tiny_wan()
     x, t, ehs = wan_inputs(frames=4, size=8)
-    return m, (lambda: m(x, t, ehs).sample), [b.attn1.to_q for b in m.blocks]
+    return m, (lambda: m(x, t, ehs).sample), list(m.blocks)
 
 
 def _cogvideox():
     m = tiny_cogvideox()
     x, ehs, t, rope = cogvideox_inputs(frames=4, size=8)
-    return m, (lambda: m(x, ehs, t, image_rotary_emb=rope).sample), [b.attn1.to_q for b in m.transformer_blocks]
+    return m, (lambda: m(x, ehs, t, image_rotary_emb=rope).sample), list(m.transformer_blocks)
 
 
 def _hunyuan(batch=1):
@@ -31,8 +31,7 @@ def _hunyuan(batch=1):
     x, t, ehs, mask, pooled = hunyuan_inputs(batch=batch, frames=4, size=8)
     if batch > 1:
         mask[1, 2:] = 0  # a different number of padding tokens per sample
-    blocks = list(m.transformer_blocks) + list(m.single_transformer_blocks)
-    return m, (lambda: m(x, t, ehs, mask, pooled).sample), [b.attn.to_q for b in blocks]
+    return m, (lambda: m(x, t, ehs, mask, pooled).sample), list(m.transformer_blocks) + list(m.single_transformer_blocks)
 
 
 FAMILIES = {"wan": _wan, "cogvideox": _cogvideox, "hunyuan": _hunyuan}
@@ -46,36 +45,42 @@ def _close(got, ref):
     assert (got - ref).abs().max().item() <= 1e-5 * scale
 
 
-def _query_rows(linears):
-    """Forward hooks recording the token count of every query projection call."""
-    seen, handles = [], []
-    for lin in linears:
-        handles.append(lin.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[1])))
-    return seen, handles
+def _spy_sdpa(monkeypatch):
+    """Record (heads, queries, keys) of every torch SDPA call (diffusers' native backend and
+    CogVideoX's processor both call it)."""
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):  # diffusers passes query=, key=, value= by name; CogVideoX by position
+        q, k = (args + (None, None))[:2] if args else (kwargs["query"], kwargs["key"])
+        calls.append((q.shape[1], q.shape[2], k.shape[2]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("slices,head_slices", [(3, 1), (TOKENS, 4)])
-def test_sliced_equals_unsliced(family, slices, head_slices):
-    model, run, to_q = FAMILIES[family]()
+def test_sliced_equals_unsliced(family, slices, head_slices, monkeypatch):
+    model, run, blocks = FAMILIES[family]()
     with torch.no_grad():
         ref = run()
         video.streamline(model, slices=slices, head_slices=head_slices)
-        seen, handles = _query_rows(to_q)
+        calls = _spy_sdpa(monkeypatch)
         try:
             got = run()
         finally:
-            for h in handles:
-                h.remove()
+            monkeypatch.undo()
             video.unstreamline(model)
         again = run()
     _close(got, ref)
     assert torch.equal(again, ref)  # unstreamline restores diffusers' forward bit for bit
     assert not any("forward" in m.__dict__ for m in model.modules())
-    # queries really ran per span: each block projects every video span once per head group
-    video_rows = [r for r in seen if r != 7]  # 7 = the text span of the joint-attention models
-    assert max(video_rows) <= -(-TOKENS // slices)
-    assert len(video_rows) == len(to_q) * slices * head_slices
+    # self-attention really ran per query span and head group, each span against every key
+    self_attn = [c for c in calls if c[2] >= TOKENS]
+    video_q = [c for c in self_attn if c[1] != 7]  # 7 = the text span of the joint-attention models
+    assert len(video_q) == len(blocks) * slices * head_slices
+    assert all(q <= -(-TOKENS // slices) and h == 4 // head_slices for h, q, _ in video_q)
 
 
 def test_wan_per_token_timesteps_and_image_context():
