@@ -15,7 +15,7 @@ from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel
 
 def _tiny(seed: int = 0) -> TinyDLMModel:
     torch.manual_seed(seed)
-    cfg = TinyDLMConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    cfg = TinyDLMConfig(vocab_size=TinyCharTokenizer().vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     return TinyDLMModel(cfg).eval()
 
 

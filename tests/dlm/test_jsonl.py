@@ -86,7 +86,7 @@ def test_bench_runs_a_jsonl_suite(tmp_path, capsys):
 
     torch.manual_seed(0)
     d = tmp_path / "m"
-    TinyDLMModel(TinyDLMConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    TinyDLMModel(TinyDLMConfig(vocab_size=TinyCharTokenizer().vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                intermediate_size=64)).save_pretrained(d)
     TinyCharTokenizer().save_pretrained(d)
     path = _write(tmp_path, [json.dumps({"prompt": "copy: ana bo\n", "answer": "ana bo"})] * 2)

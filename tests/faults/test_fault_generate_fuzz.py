@@ -179,7 +179,8 @@ def test_fuzzing_decodes_often(model):
 
 # ----------------------------------------------------------------------------- non-finite logits
 class NaNAtStep(torch.nn.Module):
-    """Wraps a model: the logits of forward call `at` (1-based) hold NaN at one position."""
+    """Wraps a model: the logits of forward call `at` (1-based) are NaN in the first row (at every
+    position, so whichever positions the step scores see them)."""
 
     def __init__(self, inner, at: int):
         super().__init__()
@@ -192,7 +193,7 @@ class NaNAtStep(torch.nn.Module):
         logits = out.logits if hasattr(out, "logits") else out
         if self.calls == self.at:
             logits = logits.clone()
-            logits[0, -1, :] = float("nan")
+            logits[0] = float("nan")
         return logits
 
 
