@@ -139,3 +139,35 @@ def hunyuan_inputs(batch=1, frames=4, size=8, text_dim=24, text_len=7, seed=1):
     mask = torch.ones(batch, text_len, dtype=torch.long)
     mask[:, text_len - 2:] = 0  # two padding tokens: the attention mask is exercised
     return x, torch.full((batch,), 500), ehs, mask, torch.randn(batch, 8, generator=g)
+
+
+# ------------------------------------------------------------------------------- causal video VAEs
+def tiny_wan_vae(seed: int = 0):
+    """A random AutoencoderKLWan (2x spatial, 2x temporal compression, causal 3D convolutions)."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(seed)
+    return AutoencoderKLWan(base_dim=16, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[True],
+                            latents_mean=[0.0] * 4, latents_std=[1.0] * 4).eval()
+
+
+def tiny_cogvideox_vae(seed: int = 0):
+    """A random AutoencoderKLCogVideoX (2x spatial and temporal compression, frame-batched decode)."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    torch.manual_seed(seed)
+    return AutoencoderKLCogVideoX(down_block_types=("CogVideoXDownBlock3D",) * 2,
+                                  up_block_types=("CogVideoXUpBlock3D",) * 2, block_out_channels=(32, 64),
+                                  latent_channels=4, layers_per_block=1, norm_num_groups=8,
+                                  temporal_compression_ratio=2, sample_height=64, sample_width=64).eval()
+
+
+def tiny_hunyuan_vae(seed: int = 0):
+    """A random AutoencoderKLHunyuanVideo (4x spatial and temporal compression)."""
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    torch.manual_seed(seed)
+    return AutoencoderKLHunyuanVideo(latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 3,
+                                     up_block_types=("HunyuanVideoUpBlock3D",) * 3, block_out_channels=(16, 32, 32),
+                                     layers_per_block=1, norm_num_groups=8, spatial_compression_ratio=4,
+                                     temporal_compression_ratio=4).eval()
