@@ -118,16 +118,16 @@ def driver_guarantees(result: StepResult, x: torch.Tensor, candidates: torch.Ten
     """The engine's guarantees on a non-remasking policy's answer (`dlm.generate`'s contract), `[R, Lb]`:
     only candidates change; a row with candidates commits at least one (the most confident proposal);
     the budget's last step fills every mask. Without them a policy that commits nothing would make
-    SGLang's loop spin to its step limit."""
+    SGLang's loop spin to its step limit. Masks are counted among candidates only: a prompt token in
+    SGLang's block may be the mask id itself (`dllm_prompt_mask`), and it must stay."""
     new = torch.where(candidates, result.x, x)
-    masks_before = candidates.sum(dim=1)
-    stalled = (masks_before > 0) & ((new == mask_id).sum(dim=1) >= masks_before)
-    still = new == mask_id
+    still = candidates & (new == mask_id)
+    stalled = candidates.any(dim=1) & (still.sum(dim=1) >= candidates.sum(dim=1))
     score = torch.where(still, result.confidence.double(), torch.full_like(result.confidence, -1.0, dtype=torch.float64))
     best = torch.zeros_like(still).scatter_(1, score.argmax(dim=1, keepdim=True), True) & still
     new = torch.where(best & stalled.unsqueeze(1), result.proposal, new)
     if last:
-        new = torch.where(new == mask_id, result.proposal, new)
+        new = torch.where(candidates & (new == mask_id), result.proposal, new)
     return new
 
 
