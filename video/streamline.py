@@ -18,10 +18,10 @@ frames-only 3D convolution between two GroupNorms over channels x frames x heigh
 slice of image rows with both norms made exact by the same two-pass statistics.
 
 Latte (``LatteTransformer3DModel``, a video transformer alternating spatial and temporal blocks):
-each spatial block sees ``[B*F, HW, C]`` and attends within a frame, each temporal block sees
-``[B*HW, F, C]`` and attends over frames; both are exact per slice of their leading dimension, so
-spatial blocks run on ``slices`` pieces of batch x frames and temporal blocks on ``temporal_slices``
-pieces of batch x spatial tokens.
+each spatial block sees ``[B*F, HW, C]`` and attends within a frame, each temporal block attends
+over frames; both are exact per slice, so spatial blocks run on ``slices`` pieces of batch x frames
+and temporal blocks on ``temporal_slices`` pieces of batch x spatial tokens, gathered from the
+spatial layout so the model never makes diffusers' full-size permuted copies (``video.latte``).
 
 Peak memory drops because attention scores and the MLP hidden states are only ever slice-sized.
 
@@ -46,6 +46,7 @@ from kernels.group_norm import combine_stats, group_norm_apply, group_stats
 kernels.check_ours(kernels)
 
 from video.dit import SUPPORTED_DIT, dit_targets
+from video.latte import latte_forward
 
 SUPPORTED = ("UNetMotionModel", "UNetSpatioTemporalConditionModel", "LatteTransformer3DModel") + SUPPORTED_DIT
 _ATTR = "_dlm_streamline"
@@ -408,11 +409,10 @@ def _targets(unet):
             yield m, "spatiotemporal_res"
         elif isinstance(m, TemporalResnetBlock):
             yield m, "temporal_res"
-        elif isinstance(m, LatteTransformer3DModel):
+        elif isinstance(m, LatteTransformer3DModel):  # its forward keeps the spatial layout (video.latte)
+            yield m, "latte_model"
             for blk in m.transformer_blocks:
                 yield blk, "spatial"
-            for blk in m.temporal_transformer_blocks:
-                yield blk, "tokens_first"
         elif isinstance(m, TransformerSpatioTemporalModel):
             for blk in m.transformer_blocks:
                 yield blk, "spatial"
@@ -433,8 +433,8 @@ def _sliced_forward(m, kind, cfg, handoff=None):
         return _spatiotemporal_res_forward(m, cfg.t_slices)
     if kind == "tokens":
         return _token_forward(m.forward, cfg.t_slices)
-    if kind == "tokens_first":  # tokens already lead: [B*HW, F, C]
-        return _spatial_forward(m.forward, cfg.t_slices)
+    if kind == "latte_model":
+        return latte_forward(m, cfg.slices, cfg.t_slices)
     return _spatial_forward(m.forward, cfg.slices)
 
 
