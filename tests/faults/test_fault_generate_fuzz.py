@@ -5,8 +5,8 @@ the vocabulary) or raises ValueError; never another exception type and never a s
 Inputs that today raise another exception type are listed in KNOWN_FAILURES, each pinned by an
 xfail(strict=True) test of its own and kept out of the fuzzing (so the fuzz test keeps checking
 everything else); when `dlm.generate` is fixed, the pinned test passes, strict xfail fails, and the
-entry is deleted. Also here: non-finite logits at a random step must raise a ValueError naming
-the block and step (xfail until the decoding loop checks them).
+entry is deleted. Also here: non-finite logits at a random step raise a ValueError naming the
+block and step.
 """
 from __future__ import annotations
 
@@ -197,7 +197,6 @@ class NaNAtStep(torch.nn.Module):
         return logits
 
 
-@pytest.mark.xfail(strict=True, reason="lead adds loop detection")
 @pytest.mark.parametrize("sampler", ["confidence", "threshold", "entropy"])
 def test_nan_logits_at_a_random_step_raise_naming_block_and_step(model, sampler):
     at = random.Random(sampler).randrange(1, 8)
