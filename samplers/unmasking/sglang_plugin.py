@@ -37,8 +37,9 @@ per-request sampling parameters, as with SGLang's own algorithms.
 Not registered (each with the reason `refusal` gives; `algorithm_class` raises ValueError naming it):
 samplers that look ahead with extra forwards (`lopa`), ensembles of whole generations (`hex`), a
 sampler that checks a trained layer against the model and may read hidden states (`joint`), and
-samplers that remask (`saber`, whose threshold also reads earlier blocks' commits, which SGLang's
-per-block algorithm state does not carry).
+samplers that remask (`saber`: SGLang's first block holds the prompt's tail among its committed
+tokens, which a remasking policy could take back, and saber's threshold reads earlier blocks'
+commits, which SGLang's per-block algorithm state does not carry).
 
 Under `--dllm-fdfo` (SGLang's default) requests enter and leave the batch at different steps: the
 wrapper keeps each request's step count in its SGLang state and runs the policy once per group of
@@ -73,8 +74,9 @@ def refusal(cls: type[Sampler]) -> str | None:
         return (f"sampler {name!r} checks a trained layer against the model (Sampler.prepare) and may read hidden "
                 f"states; an SGLang step sees logits only; use dlm.generate(model, input_ids, sampler={name!r}, ...)")
     if cls.remasks:
-        return (f"sampler {name!r} takes committed tokens back (remasks) and reads the confidences of earlier "
-                f"blocks' commits, which SGLang's per-block algorithm state does not carry; use "
+        return (f"sampler {name!r} takes committed tokens back (remasks), and in SGLang's block the prompt's tail "
+                f"sits among the committed tokens; saber's threshold also reads earlier blocks' commits, which "
+                f"SGLang's per-block algorithm state does not carry; use "
                 f"dlm.generate(model, input_ids, sampler={name!r}, ...)")
     return None
 
