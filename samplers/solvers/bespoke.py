@@ -344,7 +344,7 @@ class BespokeSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         i = self._step_index
         if i >= self.num_inference_steps:
             raise ValueError("step() called more times than there are timesteps; call set_timesteps() again")
-        check_model_output(model_output, self, timestep, i)
+        check_model_output(model_output, self, timestep, i, last=i == self.num_inference_steps - 1)
         t = self.timesteps[i].to(torch.float64)
         a = alpha_bar_at(self.alphas_cumprod, t).to(sample.dtype)
         x0 = data_prediction(model_output.to(sample.dtype), sample, a, self.config.prediction_type)

@@ -144,7 +144,7 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         t = as_index(timestep)
         if t not in self._prev:
             raise ValueError(f"timestep {t} is not on the grid set by set_timesteps ({self.timesteps.tolist()})")
-        check_model_output(model_output, self, t)
+        check_model_output(model_output, self, t, list(self._prev).index(t), last=self._prev[t] < 0)
         eta = self.config.eta if eta is None else float(eta)
         a, a_prev = self._alpha(t), self._alpha(self._prev[t])
         eps, x0 = to_eps_x0(model_output.double(), sample.double(), a, self.config.prediction_type)

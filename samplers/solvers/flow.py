@@ -269,7 +269,7 @@ class FlowMatchSolverScheduler(SchedulerMixin, ConfigMixin):
             out = sample
             x0 = sample
         else:
-            check_model_output(model_output, self, timestep, i)
+            check_model_output(model_output, self, timestep, self._call - 1)
             s, s_next = float(self.sigmas[i]), float(self.sigmas[i + 1])
             x, v = sample.double(), model_output.double()
             x0 = x - s * v
