@@ -19,9 +19,9 @@ which is still correct, only less effective. ``caching.reset(model)`` forces a r
 
 Non-finite features (a half-precision model that overflowed) are never reused: at the start of
 every denoiser call the tracker checks the tensors stored since the last check (one reduction each,
-one host read per call, beside the timestep read the call already makes) and, if any holds NaN or
-inf, drops every cached tensor so that this call recomputes them (``counters["nonfinite_dropped"]``
-counts it). We recompute rather than raise: the fault may be a one-off, and if the model really
+queued before the call's timestep read, which then waits for them too; the flag is read after it)
+and, if any holds NaN or inf, drops every cached tensor so that this call recomputes them
+(``counters["nonfinite_dropped"]`` counts it). We recompute rather than raise: the fault may be a one-off, and if the model really
 emits NaN the solver's own check (``samplers.solvers._finite``) stops the run with a clear error.
 """
 from __future__ import annotations
@@ -61,12 +61,13 @@ class StepTracker:
     def clear_counters(self) -> None:
         self.counters.clear()
 
-    def begin(self, t: float) -> None:
-        """Advance on a new denoiser call at timestep ``t`` (see the module docstring)."""
+    def begin(self, t: float, nonfinite: torch.Tensor | None = None) -> None:
+        """Advance on a new denoiser call at timestep ``t`` (see the module docstring); ``nonfinite``
+        is :meth:`check_stored`'s flag, taken before ``t`` was read."""
         if self.last_t is None or t > self.last_t:
             self.reset()
             self.counters["runs"] += 1
-        elif self._states and stored_nonfinite(self._states, self._checked):
+        elif nonfinite is not None and bool(nonfinite):
             self._states = {}  # no cached feature is reused: this call recomputes them all
             self.counters["nonfinite_dropped"] += 1
         elif t == self.last_t:
@@ -76,6 +77,11 @@ class StepTracker:
             self.branch = 0
         self.last_t = t
         self.calls += 1
+
+    def check_stored(self) -> torch.Tensor | None:
+        """Start the check of the tensors stored since the last call: a 0-d bool tensor on their device
+        (True: one holds NaN or inf), or None when nothing new was stored. Nothing is read here."""
+        return stored_nonfinite(self._states, self._checked) if self._states else None
 
     @property
     def state(self) -> dict[str, Any]:
@@ -100,18 +106,18 @@ def _tensors(obj, depth: int = 0):
         yield from _tensors(vars(obj), depth + 1)
 
 
-def stored_nonfinite(states: dict, checked: weakref.WeakValueDictionary) -> bool:
-    """Whether a tensor stored in ``states`` since the last call holds NaN or inf.
-
-    Each tensor is checked once (``checked`` remembers it); the checks of one call are reduced on
-    each device and read back together, so a call costs one host read whatever the cache holds.
-    """
-    flags: dict[torch.device, list] = {}
+def stored_nonfinite(states: dict, checked: weakref.WeakValueDictionary) -> torch.Tensor | None:
+    """A 0-d bool tensor: whether a tensor stored in ``states`` since the last call holds NaN or inf
+    (None when none is new). Each tensor is checked once (``checked`` remembers it); the result is
+    left on the device (on the first tensor's device when the cache spans several)."""
+    flags = []
     for x in _tensors(states):
         if checked.get(id(x)) is not x:
-            flags.setdefault(x.device, []).append(torch.isfinite(x).all())
+            flags.append(torch.isfinite(x).all())
             checked[id(x)] = x
-    return any(not bool(torch.stack(f).all()) for f in flags.values())
+    if not flags:
+        return None
+    return ~torch.stack([f.to(flags[0].device) for f in flags]).all()
 
 
 def timestep_reader(module: torch.nn.Module) -> Callable[[tuple, dict], float]:
@@ -147,7 +153,10 @@ class RootHook(ModelHook):
         self.tracker, self.read_t, self.around = tracker, read_t, around
 
     def new_forward(self, module, *args, **kwargs):
-        self.tracker.begin(self.read_t(args, kwargs))
+        # The check of the stored features is queued before the timestep is read, so that one read
+        # (the timestep's, on the device in a pipeline) waits for both.
+        nonfinite = self.tracker.check_stored()
+        self.tracker.begin(self.read_t(args, kwargs), nonfinite)
         if self.around is None:
             return self.fn_ref.original_forward(*args, **kwargs)
         return self.around(self.fn_ref.original_forward, args, kwargs)
