@@ -147,6 +147,11 @@ class PolicyDriver:
         reason = refusal(cls)
         if reason is not None:
             raise ValueError(reason)
+        if isinstance(mask_id, bool) or not isinstance(mask_id, int) or mask_id < 0:
+            # SGLang gives mask_id -1 for DiffusionGemma (uniform noise, no mask token), which it serves
+            # with its own Gemma4Renoise only.
+            raise ValueError(f"mask_id={mask_id!r}: SGLang algorithms dlm-<sampler> decode masked diffusion models "
+                             f"(a mask token id >= 0); serve DiffusionGemma with --dllm-algorithm Gemma4Renoise")
         wrapper, options = split_config(sampler_name, algorithm_config or {})
         self.policy = get_sampler(sampler_name, **options)
         self.block_size = block_size

@@ -155,6 +155,8 @@ def test_bad_names_and_options():
         PolicyDriver("confidence", {"temperature": -1}, BLOCK, MASK)
     with pytest.raises(ValueError, match="seed"):
         PolicyDriver("confidence", {"seed": 1.5}, BLOCK, MASK)
+    with pytest.raises(ValueError, match="Gemma4Renoise"):
+        PolicyDriver("confidence", {}, BLOCK, -1)  # SGLang's mask id for DiffusionGemma (uniform noise)
     # SGLang's own config keys are not sampler options.
     PolicyDriver("confidence", {"block_size": 32, "capture_input_preparation": False}, BLOCK, MASK)
 
