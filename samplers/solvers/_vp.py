@@ -231,6 +231,31 @@ def check_off(cls_name: str, **flags) -> None:
         )
 
 
+def check_grid_options(use_karras_sigmas: bool, use_exponential_sigmas: bool, use_beta_sigmas: bool,
+                       use_lu_lambdas: bool = False) -> None:
+    """At most one way of spacing the grid (diffusers refuses two sigma grids too)."""
+    on = [k for k, v in (("use_karras_sigmas", use_karras_sigmas), ("use_exponential_sigmas", use_exponential_sigmas),
+                         ("use_beta_sigmas", use_beta_sigmas), ("use_lu_lambdas", use_lu_lambdas)) if v]
+    if len(on) > 1:
+        raise ValueError(f"{' and '.join(on)} each set the grid: keep one of them True")
+
+
+def check_thresholding(thresholding: bool, ratio: float, max_value: float) -> None:
+    if thresholding and not (0 <= ratio <= 1 and max_value > 0):
+        raise ValueError(f"thresholding needs 0 <= dynamic_thresholding_ratio <= 1 and sample_max_value > 0, "
+                         f"got {ratio} and {max_value}")
+
+
+def dynamic_threshold(x0: torch.Tensor, ratio: float, max_value: float) -> torch.Tensor:
+    """Dynamic thresholding of a data prediction (Saharia et al. 2022, "Photorealistic text-to-image
+    diffusion models with deep language understanding", sec. 2.3): per sample, ``s`` is the ``ratio``
+    quantile of ``|x0|`` over all its entries, clamped to ``[1, max_value]``; ``x0`` is clipped to
+    ``[-s, s]`` and divided by ``s`` (``s = 1`` is plain clipping to ``[-1, 1]``). ``x0``: ``[B, ...]``."""
+    flat = x0.reshape(x0.shape[0], -1)
+    s = torch.quantile(flat.abs(), ratio, dim=1).clamp(min=1.0, max=max_value).unsqueeze(1)
+    return (torch.maximum(torch.minimum(flat, s), -s) / s).reshape(x0.shape)
+
+
 def add_noise_vp(alphas_cumprod: torch.Tensor, original_samples, noise, timesteps) -> torch.Tensor:
     """Forward process ``sqrt(a_t) x0 + sqrt(1-a_t) eps`` for per-sample integer ``timesteps`` ``[B]``."""
     ac = alphas_cumprod.to(device=original_samples.device, dtype=original_samples.dtype)

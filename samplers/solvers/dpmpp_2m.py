@@ -57,8 +57,11 @@ from samplers.solvers._vp import (
     TIMESTEP_SPACINGS,
     as_index,
     check_off,
+    check_grid_options,
     check_one_grid_source,
     check_prediction_type,
+    check_thresholding,
+    dynamic_threshold,
     custom_timesteps,
     make_alphas_cumprod,
     to_eps_x0,
@@ -80,6 +83,34 @@ def sigma_to_t(sigma: np.ndarray, log_sigmas: np.ndarray) -> np.ndarray:
     return np.interp(np.log(np.maximum(sigma, 1e-10)), log_sigmas, np.arange(len(log_sigmas)))
 
 
+SIGMA_GRIDS = ("karras", "exponential", "beta")
+
+
+def sigma_grid(kind: str, sigma_min: float, sigma_max: float, n: int) -> np.ndarray:
+    """``n`` descending VP sigmas from ``sigma_max`` to ``sigma_min`` spaced by a named rule:
+
+    - ``karras``: uniform in ``sigma^(1/7)`` (Karras et al. 2022, "Elucidating the design space of
+      diffusion-based generative models", eq. 5, rho = 7);
+    - ``exponential``: uniform in ``log sigma``;
+    - ``beta``: at the quantiles ``1 - i/(n-1)`` of a Beta(0.6, 0.6) distribution, which crowds the steps
+      at both ends (Lee et al. 2024, "Beta sampling is all you need"); needs scipy.
+    """
+    ramp = np.linspace(0, 1, n)
+    if kind == "karras":
+        rho = 7.0
+        lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
+        return (hi + ramp * (lo - hi)) ** rho
+    if kind == "exponential":
+        return np.exp(np.linspace(math.log(sigma_max), math.log(sigma_min), n))
+    if kind == "beta":
+        try:
+            from scipy.stats import beta as beta_dist
+        except ImportError:  # pragma: no cover - scipy ships with the test environment
+            raise ValueError("use_beta_sigmas needs scipy (pip install scipy)") from None
+        return sigma_min + beta_dist.ppf(1 - ramp, 0.6, 0.6) * (sigma_max - sigma_min)
+    raise ValueError(f"sigma grid must be one of {SIGMA_GRIDS}, got {kind!r}")
+
+
 def dpm_timesteps(
     num_inference_steps: int,
     alphas_cumprod: torch.Tensor,
@@ -88,13 +119,28 @@ def dpm_timesteps(
     lambda_min_clipped: float = -float("inf"),
     use_lu_lambdas: bool = False,
     beta_schedule: str = "linear",
+    grid: Optional[str] = None,
+    round_karras_always: bool = False,
 ):
-    """Descending timesteps ``[N]`` (int64) and the VP sigmas ``[N]`` the steps use; see the module docstring."""
+    """Descending timesteps ``[N]`` (int64) and the VP sigmas ``[N]`` the steps use; see the module docstring.
+
+    ``grid`` (one of :data:`SIGMA_GRIDS`) spaces the sigmas by :func:`sigma_grid` over the whole training
+    range instead; as in diffusers the model is called at the timesteps of those sigmas (rounded for
+    ``karras`` except on the cosine schedule unless ``round_karras_always``, UniPC's rule; truncated
+    otherwise) while the step coefficients keep the exact sigmas."""
     T = len(alphas_cumprod)
     N = int(num_inference_steps)
     if N < 1 or N > T:
         raise ValueError(f"num_inference_steps must be in [1, {T}], got {num_inference_steps}")
     sig = _vp_sigmas(alphas_cumprod)
+    if grid is not None:
+        sigmas = sigma_grid(grid, float(sig[0]), float(sig[-1]), N)
+        # log sigma in float32, as diffusers takes it: the largest grid sigma then maps to the timestep
+        # diffusers calls the model at (T - 2 rather than T - 1 on the cosine schedule, where it truncates).
+        t = sigma_to_t(sigmas, np.log(sig.astype(np.float32)))
+        if grid == "karras" and (round_karras_always or beta_schedule != "squaredcos_cap_v2"):
+            t = np.round(t)
+        return t.astype(np.int64), sigmas
     if use_lu_lambdas:
         # Uniform in log sigma (= -lambda) over the whole training range; the model is called at the
         # rounded (cosine schedule: truncated) timesteps, the coefficients keep the exact sigmas.
@@ -212,8 +258,10 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     ``"sde-dpmsolver++"``, :func:`dpmpp_sde_update`) or noise-prediction form (DPM-Solver,
     ``"dpmsolver"``, or ``"sde-dpmsolver"`` at orders 1-2, :mod:`samplers.solvers.dpm_solver`); SDE
     ``step`` takes a ``generator`` or ``variance_noise`` as diffusers' does. Loading a config that asks for
-    something not implemented (Karras / exponential / beta sigmas, thresholding) raises ``ValueError``
-    instead of silently changing the method. NFE = ``num_inference_steps``.
+    something not implemented (``use_flow_sigmas``) raises ``ValueError`` instead of silently changing
+    the method. ``use_karras_sigmas`` / ``use_exponential_sigmas`` / ``use_beta_sigmas`` space the grid
+    by :func:`sigma_grid`; ``thresholding`` applies :func:`~samplers.solvers._vp.dynamic_threshold` to each
+    data prediction (diffusers' options of the same names). NFE = ``num_inference_steps``.
     """
 
     _compatibles = VP_COMPATIBLES
@@ -251,14 +299,9 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     ):
         name = type(self).__name__
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), name)
-        check_off(
-            name,
-            thresholding=thresholding,
-            use_karras_sigmas=use_karras_sigmas,
-            use_exponential_sigmas=use_exponential_sigmas,
-            use_beta_sigmas=use_beta_sigmas,
-            use_flow_sigmas=use_flow_sigmas,
-        )
+        check_off(name, use_flow_sigmas=use_flow_sigmas)
+        check_grid_options(use_karras_sigmas, use_exponential_sigmas, use_beta_sigmas, use_lu_lambdas)
+        check_thresholding(thresholding, dynamic_thresholding_ratio, sample_max_value)
         # diffusers loads its compatibles' configs this way: DEIS's algorithm and UniPC's / DEIS's solver
         # types name the same multistep data-prediction method at order 2.
         if algorithm_type == "deis":
@@ -313,10 +356,12 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         check_one_grid_source(num_inference_steps, timesteps, "sigmas", sigmas)
         cfg = self.config
         T = cfg.num_train_timesteps
-        if (timesteps is not None or sigmas is not None) and cfg.use_lu_lambdas:
-            raise ValueError("custom timesteps/sigmas replace use_lu_lambdas: load the config with use_lu_lambdas=False")
+        grid = self._sigma_grid()
+        if (timesteps is not None or sigmas is not None) and (cfg.use_lu_lambdas or grid):
+            flag = "use_lu_lambdas" if cfg.use_lu_lambdas else f"use_{grid}_sigmas"
+            raise ValueError(f"custom timesteps/sigmas replace {flag}: load the config with {flag}=False")
         vp_sig = _vp_sigmas(self.alphas_cumprod)
-        if timesteps is None and sigmas is None and not cfg.use_lu_lambdas:
+        if timesteps is None and sigmas is None and not cfg.use_lu_lambdas and not grid:
             timesteps = fitted_or_default(cfg, self._schedule_key(), num_inference_steps)
         if timesteps is not None:
             ts = custom_timesteps(timesteps, T)
@@ -329,15 +374,30 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         else:
             ts, sig = dpm_timesteps(
                 num_inference_steps, self.alphas_cumprod, cfg.timestep_spacing, cfg.steps_offset,
-                cfg.lambda_min_clipped, cfg.use_lu_lambdas, cfg.beta_schedule,
+                cfg.lambda_min_clipped, cfg.use_lu_lambdas, cfg.beta_schedule, grid, self._round_karras_always,
             )
         final = 0.0 if cfg.final_sigmas_type == "zero" else float(vp_sig[0])
+        if grid and cfg.final_sigmas_type != "zero" and self._final_sigma_from_grid:
+            final = float(sig[-1])  # UniPC ends a sigma grid at the grid's own last sigma
         self.sigmas = torch.from_numpy(np.append(sig, final))
         self.num_inference_steps = len(ts)
         self.timesteps = torch.from_numpy(ts).to(device)
         self._step_index = None
         self._begin_index = None
         self._reset()
+
+    # diffusers' DPM-Solver rounds Karras timesteps except on the cosine schedule and ends a sigma grid
+    # at the training schedule's smallest sigma; its UniPC always rounds and ends at the grid's last sigma.
+    _round_karras_always = False
+    _final_sigma_from_grid = False
+
+    def _sigma_grid(self) -> Optional[str]:
+        """The configured sigma grid (``use_karras_sigmas`` ...), or None."""
+        cfg = self.config
+        for kind in SIGMA_GRIDS:
+            if cfg.get(f"use_{kind}_sigmas", False):
+                return kind
+        return None
 
     def _schedule_key(self) -> str:
         """Key of this solver's grids in a fitted-schedule file (``dpmpp-2m``, ``dpm-1m-sde``, ...; the
@@ -392,6 +452,10 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         a_s = self._alpha_of_sigma(float(self.sigmas[i]))
         x = sample.double()
         self._eps, x0 = to_eps_x0(model_output.double(), x, a_s, self.config.prediction_type)
+        cfg = self.config
+        if cfg.thresholding:
+            x0 = dynamic_threshold(x0, cfg.dynamic_thresholding_ratio, cfg.sample_max_value)
+            self._eps = (x - math.sqrt(a_s) * x0) / math.sqrt(1.0 - a_s)  # the noise-prediction forms use it
         return i, N, a_s, x, x0
 
     def _end_step(self, prev, x0, sample, return_dict: bool):
@@ -423,7 +487,11 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             2 if (cfg.solver_order == 2 or len(hist) < 2 or second_last_low) else 3)
         m = x0 if algo.endswith("++") else self._eps  # what the history holds: x0 (data) or eps (noise)
         noise = self._noise(model_output, generator, variance_noise).double() if algo.startswith("sde-") else None
-        if algo == "sde-dpmsolver++":
+        if a_t == a_s:
+            # A step to its own level (a sigma grid that ends at sigma_min, then sigma_min again): every
+            # update leaves the sample where it is (h = 0; the higher-order weights would be 0/0 here).
+            prev = x
+        elif algo == "sde-dpmsolver++":
             prev = dpmpp_sde_update(x, x0, hist[:order - 1], a_s, a_t, noise, kind)
         elif algo == "sde-dpmsolver":
             prev = sde_dpm_solver_update(x, m, hist[:order - 1], a_s, a_t, noise, kind)

@@ -35,7 +35,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 from diffusers.configuration_utils import register_to_config
 
-from samplers.solvers._vp import check_off, check_prediction_type
+from samplers.solvers._vp import check_grid_options, check_off, check_prediction_type, check_thresholding
 from samplers.solvers.dpmpp_2m import DPMSolverPP2M, _lam
 from samplers.solvers.schedules import load_schedule
 
@@ -75,6 +75,10 @@ def unipc_update(x, m0, a_s: float, a_t: float, history, order: int, bh: str = "
     sigma_s = math.sqrt(1.0 - a_s)
     lam_s = _lam(a_s)
     h = _lam(a_t) - lam_s
+    if h == 0.0:
+        # A step to its own level (a sigma grid ending at sigma_min twice): every weight carries a factor
+        # B(h) = 0 and the sample stays; the phi functions would be 0/0 here.
+        return x
     rks, ds = _differences(m0, history[: order - 1], lam_s, h)
     R, b, phi_1, b_h = _weights(rks + [1.0], h, order, bh)
     x_t = (sigma_t / sigma_s) * x - alpha_t * phi_1 * m0
@@ -92,9 +96,10 @@ class UniPCSolver(DPMSolverPP2M):
     """UniPC as a diffusers scheduler; config keys follow ``UniPCMultistepScheduler``.
 
     Data prediction (``predict_x0=True``), ``solver_type`` "bh1" or "bh2", any ``solver_order`` >= 1,
-    ``disable_corrector`` (step indices whose correction is skipped). Anything else diffusers' UniPC
-    offers (``solver_p``, noise prediction, Karras/exponential/beta/flow sigmas, thresholding) raises
-    ``ValueError``. NFE = ``num_inference_steps`` (the corrector reuses the next step's evaluation).
+    ``disable_corrector`` (step indices whose correction is skipped), Karras / exponential / beta sigma
+    grids and dynamic thresholding (shared with ``DPMSolverPP2M``). Anything else diffusers' UniPC offers
+    (``solver_p``, noise prediction, flow sigmas) raises ``ValueError``. NFE = ``num_inference_steps``
+    (the corrector reuses the next step's evaluation).
     """
 
     @register_to_config
@@ -132,9 +137,9 @@ class UniPCSolver(DPMSolverPP2M):
     ):
         name = type(self).__name__
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), name)
-        check_off(name, thresholding=thresholding, use_karras_sigmas=use_karras_sigmas,
-                  use_exponential_sigmas=use_exponential_sigmas, use_beta_sigmas=use_beta_sigmas,
-                  use_flow_sigmas=use_flow_sigmas)
+        check_off(name, use_flow_sigmas=use_flow_sigmas)
+        check_grid_options(use_karras_sigmas, use_exponential_sigmas, use_beta_sigmas, use_lu_lambdas)
+        check_thresholding(thresholding, dynamic_thresholding_ratio, sample_max_value)
         if not predict_x0 or solver_p is not None:
             raise ValueError(f"{name} implements the data-prediction form without an external predictor: "
                              f"pass predict_x0=True and solver_p=None (got {predict_x0}, {solver_p!r})")
@@ -147,6 +152,9 @@ class UniPCSolver(DPMSolverPP2M):
         if fitted_schedule is not None:
             load_schedule(fitted_schedule)
         self._init_state(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr)
+
+    _round_karras_always = True  # diffusers' UniPC rounds Karras timesteps on every schedule
+    _final_sigma_from_grid = True  # ... and ends a sigma grid at the grid's last sigma
 
     def _schedule_key(self) -> str:
         return "unipc"

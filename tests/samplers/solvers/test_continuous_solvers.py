@@ -187,8 +187,10 @@ def test_unipc_corrector_changes_the_result_and_bad_configs():
         UniPCSolver.from_config(UniPCMultistepScheduler(predict_x0=False).config)
     with pytest.raises(ValueError, match="solver_type"):
         UniPCSolver(solver_type="midpoint")
-    with pytest.raises(ValueError, match="use_karras_sigmas"):
-        UniPCSolver(use_karras_sigmas=True)
+    with pytest.raises(ValueError, match="use_flow_sigmas"):
+        UniPCSolver(use_flow_sigmas=True)
+    with pytest.raises(ValueError, match="use_karras_sigmas and use_beta_sigmas"):
+        UniPCSolver(use_karras_sigmas=True, use_beta_sigmas=True)
 
 
 def test_dpmpp_2m_lu_lambdas_grid_matches_diffusers():
@@ -372,8 +374,10 @@ def test_registry_and_bad_input():
             get_solver(name).set_timesteps(0)
     with pytest.raises(ValueError, match="prediction_type"):
         get_solver("pndm", prediction_type="flow_prediction")
-    with pytest.raises(ValueError, match="use_karras_sigmas"):
-        DPMSolverPP2M.from_config(DPMSolverMultistepScheduler(use_karras_sigmas=True).config)
+    with pytest.raises(ValueError, match="use_flow_sigmas"):
+        DPMSolverPP2M.from_config(DPMSolverMultistepScheduler(use_flow_sigmas=True).config)
+    with pytest.raises(ValueError, match="use_exponential_sigmas and use_lu_lambdas"):
+        DPMSolverPP2M(use_exponential_sigmas=True, use_lu_lambdas=True)
     with pytest.raises(ValueError, match="solver_order"):
         DPMSolverPP2M(solver_order=4)
     with pytest.raises(ValueError, match="no plain-function sampler"):

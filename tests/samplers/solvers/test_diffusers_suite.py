@@ -9,6 +9,8 @@ inputs, and the outputs must agree (a stronger check than self-consistency). Ref
 diffusers refuses the same input.
 """
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -181,15 +183,19 @@ def _dpm_pair(**cfg):
     return DPMSolverPP2M(**cfg), DPMSolverMultistepScheduler(**cfg)
 
 
-def _dpm_loop(s, steps=10, seed=0, timesteps=None):
+def _dpm_loop(s, steps=10, seed=0, timesteps=None, dtype=torch.float32):
     if timesteps is None:
         s.set_timesteps(steps)
     else:
         s.set_timesteps(timesteps=timesteps)
+    # A grid can repeat its first timestep (cosine schedule, sigma grids): without a begin index both
+    # schedulers would enter at the repeat, as pipelines avoid by calling set_begin_index(0).
+    s.set_begin_index(0)
     g = torch.Generator().manual_seed(seed)
-    x = _sample_deter()
+    kw = {"generator": g} if "generator" in inspect.signature(s.step).parameters else {}
+    x = _sample_deter().to(dtype)
     for t in s.timesteps:
-        x = s.step(_model(x, t), t, x, generator=g).prev_sample
+        x = s.step(_model(x, t), t, x, **kw).prev_sample
     return x
 
 
@@ -250,3 +256,125 @@ def test_dpm_refusals_that_diffusers_shares():
                                       lower_order_final=False)
     with pytest.raises(UnboundLocalError):
         _dpm_loop(ref, 10)
+
+
+# ---------------------------------------------------------------- DPM / UniPC: sigma grids and thresholding
+# diffusers' test_beta_sigmas / test_exponential_sigmas / test_full_loop_with_karras* / test_thresholding /
+# test_fp16_support, run here against diffusers' own scheduler on the same inputs.
+GRIDS = ["use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas"]
+
+
+def _diffusers_in_float64(monkeypatch, sched):
+    """Make diffusers' DPMSolverMultistepScheduler compute in float64 (it casts the sample to float32 and
+    keeps float32 sigmas): its module's `torch.float32` is swapped for float64 for this test only."""
+    import types
+
+    import diffusers.schedulers.scheduling_dpmsolver_multistep as module
+
+    shim = types.SimpleNamespace(**{k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")})
+    shim.float32 = torch.float64
+    monkeypatch.setattr(module, "torch", shim)
+    original = sched.set_timesteps
+
+    def set_timesteps(*args, **kwargs):
+        original(*args, **kwargs)
+        sched.sigmas = sched.sigmas.double()
+
+    sched.set_timesteps = set_timesteps
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("algo", ["dpmsolver++", "dpmsolver", "sde-dpmsolver++"])
+@pytest.mark.parametrize("cfg", [dict(), dict(prediction_type="v_prediction"), dict(beta_schedule="squaredcos_cap_v2"),
+                                 dict(solver_order=3, final_sigmas_type="zero")])
+@pytest.mark.parametrize("steps", [5, 10, 25])
+def test_dpm_sigma_grids_match_diffusers(grid, algo, cfg, steps, monkeypatch):
+    # The grids start at the training schedule's largest sigma (157 linear, 594 cosine): there the
+    # noise-prediction update is a difference of terms up to ~2000 times larger than its result, so in
+    # float32 both schedulers round differently by up to a few 1e-3 of the output. The comparison is
+    # therefore made with both computing in float64 (samples, sigmas, coefficients), where they agree
+    # to 1e-7; the float32 runs agree to 2e-4 for the data-prediction forms.
+    cfg = {"final_sigmas_type": "sigma_min", **cfg, grid: True, "algorithm_type": algo}
+    if algo == "dpmsolver" and cfg["final_sigmas_type"] == "zero":
+        return  # refused by both (tested above)
+    ours, ref = _dpm_pair(**cfg)
+    a32, b32 = _dpm_loop(ours, steps), _dpm_loop(ref, steps)
+    assert ours.timesteps.tolist() == ref.timesteps.tolist() and torch.isfinite(a32).all()
+    torch.testing.assert_close(ours.sigmas.float(), ref.sigmas.float(), rtol=1e-6, atol=0)
+    if algo.startswith("sde-"):
+        _close(a32, b32, 2e-4)  # float64 would change diffusers' noise draws, so float32 only
+        return
+    if algo == "dpmsolver++" and cfg.get("beta_schedule") != "squaredcos_cap_v2":
+        _close(a32, b32, 2e-4)
+    _diffusers_in_float64(monkeypatch, ref)
+    a, b = _dpm_loop(ours, steps, dtype=torch.float64), _dpm_loop(ref, steps, dtype=torch.float64)
+    assert ours.timesteps.tolist() == ref.timesteps.tolist()
+    assert a.dtype == b.dtype == torch.float64 and torch.isfinite(a).all()
+    _close(a, b, 1e-7)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("cfg", [dict(), dict(final_sigmas_type="sigma_min"), dict(solver_order=3)])
+@pytest.mark.parametrize("steps", [5, 10, 25])
+def test_unipc_sigma_grids_match_diffusers(grid, cfg, steps):
+    from diffusers import UniPCMultistepScheduler
+
+    from samplers.solvers.unipc import UniPCSolver
+
+    ours, ref = UniPCSolver(**cfg, **{grid: True}), UniPCMultistepScheduler(**cfg, **{grid: True})
+    a, b = _dpm_loop(ours, steps), _dpm_loop(ref, steps)
+    assert ours.timesteps.tolist() == ref.timesteps.tolist()
+    assert torch.isfinite(a).all()
+    _close(a, b, 2e-4)
+
+
+@pytest.mark.parametrize("cls_name", ["dpm", "unipc"])
+@pytest.mark.parametrize("pred", ["epsilon", "sample", "v_prediction"])
+@pytest.mark.parametrize("ratio,max_value", [(0.995, 1.0), (0.87, 0.5), (0.5, 2.0), (0.0, 1.0)])
+def test_dynamic_thresholding_matches_diffusers(cls_name, pred, ratio, max_value):
+    from diffusers import UniPCMultistepScheduler
+
+    from samplers.solvers.unipc import UniPCSolver
+
+    cfg = dict(thresholding=True, dynamic_thresholding_ratio=ratio, sample_max_value=max_value, prediction_type=pred)
+    pairs = {"dpm": (DPMSolverPP2M, DPMSolverMultistepScheduler), "unipc": (UniPCSolver, UniPCMultistepScheduler)}
+    ours_cls, ref_cls = pairs[cls_name]
+    outs = []
+    for s in (ours_cls(**cfg), ref_cls(**cfg)):
+        s.set_timesteps(10)
+        x = _sample_deter() * 3  # pushes the data predictions past [-1, 1] so the threshold acts
+        for t in s.timesteps:
+            x = s.step(_model(x, t) - 1.5, t, x).prev_sample
+        outs.append(x)
+    _close(*outs, 2e-4)
+    plain = DPMSolverPP2M(prediction_type=pred) if cls_name == "dpm" else UniPCSolver(prediction_type=pred)
+    plain.set_timesteps(10)
+    y = _sample_deter() * 3
+    for t in plain.timesteps:
+        y = plain.step(_model(y, t) - 1.5, t, y).prev_sample
+    assert (outs[0] - y).abs().max() > 1e-3  # the threshold changed the result
+
+
+@pytest.mark.parametrize("algo", ["dpmsolver++", "dpmsolver"])
+def test_dpm_fp16_with_thresholding_keeps_dtype_and_matches(algo):
+    cfg = dict(thresholding=True, dynamic_thresholding_ratio=0, algorithm_type=algo, final_sigmas_type="sigma_min")
+    outs = []
+    for s in _dpm_pair(**cfg):
+        s.set_timesteps(10)
+        x = _sample_deter().half()
+        for t in s.timesteps:
+            x = s.step(_model(x, t), t, x).prev_sample
+        assert x.dtype == torch.float16
+        outs.append(x)
+    _close(*outs, 2e-3)
+
+
+def test_sigma_grid_refusals():
+    for cls in (DPMSolverPP2M, DPMSolverMultistepScheduler):
+        with pytest.raises(ValueError):
+            cls(use_karras_sigmas=True, use_exponential_sigmas=True)
+    s = DPMSolverPP2M(use_karras_sigmas=True)
+    with pytest.raises(ValueError, match="use_karras_sigmas"):
+        s.set_timesteps(timesteps=[900, 500, 100])
+    with pytest.raises(ValueError, match="dynamic_thresholding_ratio"):
+        DPMSolverPP2M(thresholding=True, dynamic_thresholding_ratio=1.5)
