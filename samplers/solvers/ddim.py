@@ -34,8 +34,9 @@ from samplers.solvers._vp import (
     SampleResult,
     SolverOutput,
     as_index,
-    check_off,
     check_prediction_type,
+    check_thresholding,
+    dynamic_threshold,
     make_alphas_cumprod,
     randn_like_gen,
     to_eps_x0,
@@ -89,7 +90,7 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         fitted_schedule: Optional[str] = None,
     ):
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), type(self).__name__)
-        check_off(type(self).__name__, thresholding=thresholding)
+        check_thresholding(thresholding, dynamic_thresholding_ratio, sample_max_value)
         if fitted_schedule is not None:
             load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
         if eta < 0:
@@ -102,6 +103,7 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self.num_inference_steps = None
         self.timesteps = torch.from_numpy(np.arange(num_train_timesteps)[::-1].copy())
         self._prev = {}
+        self._custom = False
 
     def set_timesteps(self, num_inference_steps: Optional[int] = None, device=None, timesteps=None):
         """Fill ``timesteps`` (descending, ``[N]``) from ``num_inference_steps`` (diffusers' grid and step
@@ -121,12 +123,31 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self.num_inference_steps = len(ts)
         self.timesteps = torch.from_numpy(ts).to(device)
         self._prev = {int(t): p for t, p in zip(ts, prev)}
+        self._custom = timesteps is not None
 
     def scale_model_input(self, sample: torch.Tensor, timestep=None) -> torch.Tensor:
         return sample
 
     def _alpha(self, t: int) -> float:
         return float(self.alphas_cumprod[t]) if t >= 0 else self.final_alpha_cumprod
+
+    def _target(self, t: int) -> int:
+        """The level a step from timestep ``t`` goes to. On diffusers' grid any timestep steps to
+        ``t - T // N`` as in diffusers' ``DDIMScheduler`` (also one off the grid, as its tests and some
+        callers use); on a custom grid only its own points are defined."""
+        if t in self._prev:
+            return self._prev[t]
+        if self._custom:
+            raise ValueError(f"timestep {t} is not on the custom grid set by set_timesteps ({self.timesteps.tolist()})")
+        if not 0 <= t < self.config.num_train_timesteps:
+            raise ValueError(f"timestep {t} is outside [0, {self.config.num_train_timesteps - 1}]")
+        return max(t - self.config.num_train_timesteps // self.num_inference_steps, -1)
+
+    def _get_variance(self, timestep: int, prev_timestep: int) -> torch.Tensor:
+        """DDPM posterior variance between two levels, ``(1 - a') / (1 - a) * (1 - a / a')`` (DDIM's
+        ``sigma^2`` at ``eta = 1``; diffusers' ``DDIMScheduler._get_variance``). 0-dim tensor."""
+        a, a_prev = self._alpha(int(timestep)), self._alpha(int(prev_timestep))
+        return torch.tensor((1 - a_prev) / (1 - a) * (1 - a / a_prev))
 
     def step(
         self,
@@ -142,15 +163,19 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         if self.num_inference_steps is None:
             raise ValueError("call set_timesteps(num_inference_steps) before step()")
         t = as_index(timestep)
-        if t not in self._prev:
-            raise ValueError(f"timestep {t} is not on the grid set by set_timesteps ({self.timesteps.tolist()})")
-        check_model_output(model_output, self, t, list(self._prev).index(t), last=self._prev[t] < 0)
+        target = self._target(t)
+        step = list(self._prev).index(t) if t in self._prev else None
+        check_model_output(model_output, self, t, step, last=target < 0)
         eta = self.config.eta if eta is None else float(eta)
-        a, a_prev = self._alpha(t), self._alpha(self._prev[t])
+        a, a_prev = self._alpha(t), self._alpha(target)
         eps, x0 = to_eps_x0(model_output.double(), sample.double(), a, self.config.prediction_type)
-        if self.config.clip_sample:
-            r = self.config.clip_sample_range
-            x0 = x0.clamp(-r, r)
+        cfg = self.config
+        if cfg.thresholding or cfg.clip_sample:
+            # Dynamic thresholding takes precedence over plain clipping, as in diffusers.
+            if cfg.thresholding:
+                x0 = dynamic_threshold(x0, cfg.dynamic_thresholding_ratio, cfg.sample_max_value)
+            else:
+                x0 = x0.clamp(-cfg.clip_sample_range, cfg.clip_sample_range)
             if use_clipped_model_output:
                 eps = (sample.double() - math.sqrt(a) * x0) / math.sqrt(1 - a)
         noise = None

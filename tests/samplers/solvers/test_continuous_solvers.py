@@ -382,8 +382,8 @@ def test_registry_and_bad_input():
         DPMSolverPP2M(solver_order=4)
     with pytest.raises(ValueError, match="no plain-function sampler"):
         get_sample_fn("dpmpp-3m")
-    with pytest.raises(ValueError, match="thresholding"):
-        DDIMSolver(thresholding=True)
+    with pytest.raises(ValueError, match="dynamic_thresholding_ratio"):
+        DDIMSolver(thresholding=True, dynamic_thresholding_ratio=2.0)
     with pytest.raises(ValueError, match="leap"):
         FlowMatchSolverScheduler(solver="heun", leap_tolerance=0.1)
     with pytest.raises(ValueError, match="beta_schedule"):

@@ -378,3 +378,63 @@ def test_sigma_grid_refusals():
         s.set_timesteps(timesteps=[900, 500, 100])
     with pytest.raises(ValueError, match="dynamic_thresholding_ratio"):
         DPMSolverPP2M(thresholding=True, dynamic_thresholding_ratio=1.5)
+
+
+# ---------------------------------------------------------------- DDIM: off-grid timesteps, variance, thresholding
+# diffusers' test_scheduler_ddim.py steps at timesteps that are not on the grid (test_time_indices,
+# test_eta, test_inference_steps, test_steps_offset, test_timestep_spacing), reads _get_variance and turns
+# dynamic thresholding on.
+@pytest.mark.parametrize("spacing,offset", [("leading", 0), ("leading", 1), ("trailing", 0), ("linspace", 0)])
+@pytest.mark.parametrize("t,eta", [(1, 0.0), (10, 0.5), (49, 1.0), (777, 0.3)])
+@pytest.mark.parametrize("steps", [10, 50])
+def test_ddim_steps_at_any_timestep_like_diffusers(spacing, offset, t, eta, steps):
+    from diffusers import DDIMScheduler
+
+    from samplers.solvers.ddim import DDIMSolver
+
+    cfg = dict(timestep_spacing=spacing, steps_offset=offset, clip_sample=False)
+    x, noise = _rand(5), _rand(6) - 0.5
+    outs = []
+    for s in (DDIMSolver(**cfg), DDIMScheduler(**cfg)):
+        s.set_timesteps(steps)
+        outs.append(s.step(_model(x, t), t, x, eta=eta, variance_noise=noise).prev_sample)
+    _close(*outs, 1e-5)
+
+
+def test_ddim_off_grid_timestep_on_a_custom_grid_is_refused():
+    from samplers.solvers.ddim import DDIMSolver
+
+    s = DDIMSolver()
+    s.set_timesteps(timesteps=[900, 500, 100])
+    with pytest.raises(ValueError, match="custom grid"):
+        s.step(torch.zeros(1, 2), 501, torch.zeros(1, 2))
+
+
+@pytest.mark.parametrize("pair", [(0, 0), (420, 400), (980, 960), (487, 486), (999, 998), (20, -1)])
+def test_ddim_get_variance_matches_diffusers(pair):
+    from diffusers import DDIMScheduler
+
+    from samplers.solvers.ddim import DDIMSolver
+
+    a = DDIMSolver(set_alpha_to_one=False)._get_variance(*pair)
+    b = DDIMScheduler(set_alpha_to_one=False)._get_variance(*pair)
+    assert abs(float(a) - float(b)) < 1e-6
+
+
+@pytest.mark.parametrize("pred", ["epsilon", "v_prediction", "sample"])
+@pytest.mark.parametrize("max_value", [0.5, 1.0, 2.0])
+@pytest.mark.parametrize("clipped_output", [False, True])
+def test_ddim_thresholding_matches_diffusers(pred, max_value, clipped_output):
+    from diffusers import DDIMScheduler
+
+    from samplers.solvers.ddim import DDIMSolver
+
+    cfg = dict(thresholding=True, sample_max_value=max_value, prediction_type=pred, dynamic_thresholding_ratio=0.9)
+    outs = []
+    for s in (DDIMSolver(**cfg), DDIMScheduler(**cfg)):
+        s.set_timesteps(10)
+        x = _sample_deter() * 3
+        for t in s.timesteps:
+            x = s.step(_model(x, t) - 1.5, t, x, use_clipped_model_output=clipped_output).prev_sample
+        outs.append(x)
+    _close(*outs, 1e-4)
