@@ -130,10 +130,12 @@ def generate(
         kv_cache=kv_cache, cache_refresh_every=cache_refresh_every, cfg_scale=cfg_scale,
         cache_across_blocks=cache_across_blocks, cut_trailing_masks=cut_trailing_masks, eos_early_stop=eos_early_stop,
         shift_logits=shift_logits, generation_config=generation_config, progress=progress)
-    if sampler is not None and get_sampler(sampler, **(sampler_config or {})).ensemble:
+    policy = None if sampler is None else get_sampler(sampler, **(sampler_config or {}))
+    if policy is not None and policy.ensemble:
         from dlm.ensemble import run_hex
 
-        family_of(model).check(config.replace(sampler=None, sampler_config=None))
+        # the options must suit the family as the experts will run them
+        family_of(model).check(config.replace(sampler=policy.config.expert, sampler_config=None))
         return run_hex(model, input_ids, config, attention_mask=attention_mask, callback=callback,
                        return_trace=return_trace)
     return run_decoding(model, input_ids, config, attention_mask=attention_mask, callback=callback,

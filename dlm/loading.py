@@ -39,10 +39,11 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     name: str
-    mask_token_id: int
+    mask_token_id: int | None  # None for a uniform-noise model (DiffusionGemma has no mask token)
     eos_token_id: int | None
     pad_token_id: int | None
-    shift_logits: bool
+    shift_logits: bool | None  # None for a uniform-noise model (its logits are aligned by design)
+    family: str = "masked"     # "masked" or "uniform-noise" (`dlm.families`)
 
     def __iter__(self):
         return iter((self.model, self.tokenizer))
@@ -87,6 +88,8 @@ def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ValueError("model name is empty; pass a built-in name (" + ", ".join(builtin_models()) + ") or a path")
     builtins = builtin_models()
+    if name_or_path in builtins and _is_uniform_noise_dir(builtins[name_or_path]):
+        return _load_uniform_noise(name_or_path, builtins[name_or_path], device, dtype, trust_remote_code)
     if name_or_path in builtins:
         from dlm.tiny import load_tiny_dlm
         check_checkpoint_dir(builtins[name_or_path])
@@ -107,6 +110,8 @@ def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.
         raise ValueError(f"cannot load model {name_or_path!r}: {str(err).splitlines()[0]}") from err
     except (ValueError, KeyError) as err:  # e.g. an unknown model_type
         raise ValueError(f"{Path(name_or_path) / 'config.json'}: {_first_line(err)}") from err
+    if config.model_type in _UNIFORM_NOISE_TYPES:
+        return _load_uniform_noise(name_or_path, name_or_path, device, dtype, trust_remote_code)
     if config.model_type == "tiny-dlm":
         from dlm.tiny import load_tiny_dlm
         with _one_line_errors(name_or_path, "checkpoint"):
@@ -123,6 +128,52 @@ def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.
     check_weights_fit(info, name_or_path, config)
     model.to(device).eval()
     return _loaded(name_or_path, model, tokenizer, shift_logits)
+
+
+_UNIFORM_NOISE_TYPES = ("diffusion_gemma",)
+
+
+def _is_uniform_noise_dir(path: str) -> bool:
+    """True when `path/config.json` declares a uniform-noise model (read as JSON: no transformers)."""
+    import json
+
+    try:
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type") in _UNIFORM_NOISE_TYPES
+    except (OSError, ValueError):
+        return False
+
+
+def _load_uniform_noise(name: str, path: str, device, dtype, trust_remote_code: bool) -> LoadedModel:
+    """A DiffusionGemma checkpoint through transformers' Auto classes (`AutoModelForImageTextToText`
+    maps it to `DiffusionGemmaForBlockDiffusion`); its tokenizer is the folder's (transformers', or
+    our tiny character tokenizer for tiny-dgemma). The folder's generation_config.json becomes the
+    model's `generation_config`, the defaults of `dlm.generate` on it."""
+    import json
+
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    check_checkpoint_dir(path)
+    tokenizer_file = Path(path) / "tokenizer.json"
+    with _one_line_errors(path, "tokenizer"):
+        ours = tokenizer_file.is_file() and json.loads(tokenizer_file.read_text()).get("tokenizer_class") == "TinyCharTokenizer"
+        if ours:
+            from dlm.tiny.tokenizer import TinyCharTokenizer
+            tokenizer = TinyCharTokenizer.from_pretrained(path)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    from dlm._progress import loading_bars
+
+    with loading_bars(), _one_line_errors(path):
+        model, info = AutoModelForImageTextToText.from_pretrained(
+            path, trust_remote_code=trust_remote_code, dtype=dtype or torch.float32, output_loading_info=True)
+    check_weights_fit(info, path, model.config)
+    model.to(device).eval()
+    gc, text = model.generation_config, model.config.text_config
+    eos = gc.eos_token_id if gc.eos_token_id is not None else getattr(text, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    pad = gc.pad_token_id if gc.pad_token_id is not None else getattr(text, "pad_token_id", None)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, mask_token_id=None, eos_token_id=eos,
+                       pad_token_id=pad, shift_logits=None, family="uniform-noise")
 
 
 def _first_line(err: BaseException) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from dlm.generate import generate as run_generation
+from dlm.uniform_noise import is_uniform_noise_model
 from dlm.loading import LoadedModel, load
 
 
@@ -20,8 +21,10 @@ from dlm.loading import LoadedModel, load
 class DLMPipelineOutput:
     """Attributes:
         texts: one decoded response per prompt (special tokens removed, cut at the first EOS).
-        sequences: `[B, P + gen_length]` token ids, prompts left-padded.
+        sequences: `[B, P + gen_length]` token ids, prompts left-padded (a uniform-noise model
+            returns whole canvases, fewer when every row ended early, as transformers' generate).
         nfe / tpf / seconds: as in `dlm.GenerateOutput`.
+        prompt_length: P, where the generated tokens start in `sequences`.
     """
 
     texts: list[str]
@@ -29,6 +32,7 @@ class DLMPipelineOutput:
     nfe: int
     tpf: float
     seconds: float
+    prompt_length: int = 0
 
 
 class DLMPipeline:
@@ -99,23 +103,30 @@ class DLMPipeline:
         return texts
 
     def __call__(self, prompt: str | list[str], num_inference_steps: int | None = None, *, gen_length: int = 64,
-                 block_length: int | None = None, sampler="confidence", temperature: float = 0.0,
+                 block_length: int | None = None, sampler=None, temperature: float = 0.0,
                  generator: torch.Generator | None = None, kv_cache: str = "none", eos_early_stop: bool | None = None,
                  use_chat_template: bool | None = None, progress: bool = False, **generate_kwargs: Any) -> DLMPipelineOutput:
         """Generate a response for each prompt.
 
         `num_inference_steps` is the forward-pass budget (default: `gen_length`, one token per
         step); the other arguments are those of `dlm.generate` (same defaults: `eos_early_stop`
-        is on when the model's EOS id is known).
+        is on when the model's EOS id is known; `sampler=None` is the model family's default,
+        `confidence` on a masked model and transformers' own rule on DiffusionGemma, whose
+        generation config then also gives the step budget and the EOS ids).
         """
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts:
             raise ValueError("prompt is an empty list; give at least one prompt")
         input_ids, attention = self.encode(prompts, use_chat_template)
+        if is_uniform_noise_model(self.model):
+            # ids, lengths and stopping come from the model's generation config; nothing masked-only
+            model_ids = {}
+        else:
+            model_ids = dict(mask_token_id=self.mask_token_id, eos_token_id=self.eos_token_id,
+                             shift_logits=self.shift_logits, eos_early_stop=eos_early_stop)
         out = run_generation(
             self.model, input_ids, attention_mask=attention, gen_length=gen_length, block_length=block_length,
             steps=num_inference_steps, sampler=sampler, temperature=temperature, generator=generator,
-            mask_token_id=self.mask_token_id, eos_token_id=self.eos_token_id, kv_cache=kv_cache,
-            eos_early_stop=eos_early_stop, shift_logits=self.shift_logits,
-            progress=progress, **generate_kwargs)
-        return DLMPipelineOutput(self.decode(out.sequences, input_ids.shape[1]), out.sequences, out.nfe, out.tpf, out.seconds)
+            kv_cache=kv_cache, progress=progress, **model_ids, **generate_kwargs)
+        return DLMPipelineOutput(self.decode(out.sequences, input_ids.shape[1]), out.sequences, out.nfe, out.tpf,
+                                 out.seconds, input_ids.shape[1])

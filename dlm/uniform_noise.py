@@ -454,7 +454,7 @@ def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tenso
             rows = rule.live_rows()
             if rows.numel() == 0 or used >= rule.budget():
                 break
-            per_row_nfe[rows] += 1
+            per_row_nfe[rows] += (~finished[rows]).long()  # rows whose sequence ended count nothing (transformers)
             canvas = rule.canvas[rows] if rows.numel() < batch else rule.canvas
             logits = decoder(canvas, rule.self_conditioning_for(rows) if rows.numel() < batch
                              else rule.self_conditioning, rows)

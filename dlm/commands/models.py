@@ -21,7 +21,13 @@ def run(args) -> int:
         return 0
     from dlm.tiny import BUILTIN_MODELS  # no torch/transformers import: listing stays instant
     from pathlib import Path
+    import json
     for name, path in BUILTIN_MODELS.items():
-        state = "ready" if (Path(path) / "config.json").is_file() else "missing checkpoint"
-        print(f"{name}\t{state}\t{path}")
+        config = Path(path) / "config.json"
+        state = "ready" if config.is_file() else "missing checkpoint"
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+        family = "uniform-noise (DiffusionGemma)" if model_type == "diffusion_gemma" else "masked diffusion"
+        print(f"{name}\t{state}\t{family}\t{path}")
+    print("any folder or hub id of: LLaDA, Dream, LLaDA2 (masked diffusion), DiffusionGemma (uniform noise): "
+          "dlm sample --model DIR")
     return 0
