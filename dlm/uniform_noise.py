@@ -87,9 +87,17 @@ class DiffusionGemmaCanvasModel:
             decoder_attention_mask=decoder_attention_mask)
 
     def decode(self, canvas, self_conditioning, masks, cache, positions) -> torch.Tensor:
-        """One decoder forward: logits `[R, C, V]` float32 for `canvas [R, C]`."""
-        return self.model(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning,
-                          decoder_attention_mask=masks, cache=cache, decoder_position_ids=positions).logits
+        """One decoder forward: logits `[R, C, V]` float32 for `canvas [R, C]`.
+
+        The decoder and the head called directly, with the operations of
+        `DiffusionGemmaForBlockDiffusion.forward` (head, float32, tanh soft-capping): the same logits
+        without two wrapper layers per step."""
+        m = self.model
+        hidden = m.model.decoder(decoder_input_ids=canvas, cache=cache, self_conditioning_logits=self_conditioning,
+                                 decoder_attention_mask=masks, decoder_position_ids=positions).last_hidden_state
+        logits = m.lm_head(hidden).to(torch.float32)
+        cap = m.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap
 
 
 def select_cache_rows(cache, rows: torch.Tensor, repeat: int = 1):
@@ -183,8 +191,9 @@ class EntropyBoundRule:
         """Phases score/accept/renoise/stop for `rows` (`[R]`), logits `[R, C, V]`. Returns forwards
         spent beyond the one the loop ran (0)."""
         R, C, V = logits.shape
-        processed = logits / linear_temperature(self.max_steps - step, self.max_steps, self.config.t_min,
-                                                self.config.t_max, device=logits.device)
+        # in place: the raw logits are ours and not needed after this (one vocabulary table fewer)
+        processed = logits.div_(linear_temperature(self.max_steps - step, self.max_steps, self.config.t_min,
+                                                   self.config.t_max, device=logits.device))
         probs = torch.softmax(processed, dim=-1, dtype=torch.float32).view(R * C, V)
         every = R == self.batch
         flat_rows = None if every else (rows.unsqueeze(1) * C + torch.arange(C, device=rows.device)).reshape(-1)
