@@ -31,8 +31,9 @@ SGLang keeps the block's KV cache, so the final tokens need one more forward bef
 Differences from the engine, by construction of SGLang's loop (documented in docs/dlm.md, "SGLang"):
 each block has its own budget (the engine rolls steps an adaptive block left unused over to later
 blocks); the first block's prompt tail shares the block, so position j of `ctx.x` is position j of
-SGLang's block; sampling options are algorithm config (`temperature`, 0 = greedy, and `seed`), not
-per-request sampling parameters, as with SGLang's own algorithms.
+SGLang's block; sampling options are algorithm config (`temperature`, 0 = greedy, and `seed`, default
+0 so that tensor-parallel ranks draw alike), not per-request sampling parameters, as with SGLang's own
+algorithms.
 
 Not registered (each with the reason `refusal` gives; `algorithm_class` raises ValueError naming it):
 samplers that look ahead with extra forwards (`lopa`), ensembles of whole generations (`hex`), a
@@ -103,7 +104,7 @@ def split_config(sampler_name: str, algorithm_config: dict[str, Any]) -> tuple[d
         raise ValueError(f"temperature must be a number >= 0 (0 is greedy), got {temperature!r}")
     seed = wrapper.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"seed must be an integer or absent, got {seed!r}")
+        raise ValueError(f"seed must be an integer (default 0) or null (torch's global RNG), got {seed!r}")
     get_sampler(sampler_name, **options)  # raises ValueError naming a bad option and the valid ones
     return wrapper, options
 
@@ -158,7 +159,9 @@ class PolicyDriver:
         self.mask_id = mask_id
         self.steps = wrapper.get("steps") or block_size
         self.temperature = float(wrapper.get("temperature", 0.0))
-        self.seed = wrapper.get("seed")
+        # Seeded by default: with tensor parallelism every rank runs this step on the same logits and
+        # must draw the same tokens, which torch's per-process global RNG would not guarantee.
+        self.seed = wrapper.get("seed", 0)
         self.generator: torch.Generator | None = None
         # Samplers with per-row history (credit) keep it in `init_state`'s dict, indexed by `ctx.rows`.
         self.stateful = type(self.policy).init_state is not Sampler.init_state
