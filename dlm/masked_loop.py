@@ -361,6 +361,7 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
         eos_early_stop = adapter.eos_token_id is not None
     elif eos_early_stop and adapter.eos_token_id is None:
         raise ValueError("eos_early_stop=True needs eos_token_id (pass it or use a model whose config has it)")
+    _check_special_ids(adapter)
     attention_mask = check_prompt_ids(adapter, input_ids, attention_mask)
     batch, prompt_length = input_ids.shape
     total_length = prompt_length + gen_length
@@ -485,6 +486,18 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
     return GenerateOutput(
         sequences=x, nfe=nfe, tpf=gen_length / max(nfe, 1), seconds=seconds,
         forward_tokens=forward_tokens, steps_per_block=steps_per_block, trace=trace, branch_forwards=branch_forwards)
+
+
+def _check_special_ids(adapter: DLMAdapter) -> None:
+    """The mask and EOS ids must be tokens of the model: a mask id past the vocabulary would fail
+    deep in the embedding lookup of the first forward."""
+    vocab = adapter.vocab_size
+    if vocab is None:
+        return
+    for name, value in (("mask_token_id", adapter.mask_token_id), ("eos_token_id", adapter.eos_token_id)):
+        if value is not None and not 0 <= value < vocab:
+            raise ValueError(f"{name}={value} is outside the model's vocabulary (0..{vocab - 1}); pass the model's "
+                             f"own {name} or leave it to the config")
 
 
 def _block_open(masks_left: torch.Tensor, nonfinite: torch.Tensor | None, block: int, step: int) -> bool:

@@ -114,12 +114,7 @@ def calls(draw):
 # ----------------------------------------------------------------------------- known failures
 # (description, predicate over (ids, kwargs, mask_kind), the exception type seen). Filled from what
 # this fuzzing found in dlm/generate.py; each has a pinned xfail test below.
-KNOWN_FAILURES: list[tuple[str, object, type]] = [
-    ("mask_token_id at or beyond the model's vocabulary (every sampler): IndexError 'index out of range in "
-     "self' from the embedding lookup of the masked response",
-     lambda ids, kw, mask_kind: isinstance(kw.get("mask_token_id"), int) and kw["mask_token_id"] >= TOK.vocab_size,
-     IndexError),
-]
+KNOWN_FAILURES: list[tuple[str, object, type]] = []  # the one found (mask id past the vocabulary) is fixed
 
 
 OUTCOMES: list = []  # the samplers of the calls that decoded (read by the test below)
@@ -161,10 +156,10 @@ def test_generate_works_or_raises_value_error(model, call):
     check_contract(out, ids, kw)
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason=KNOWN_FAILURES[0][0] + " (dlm/generate.py: the lead fixes it)")
+# Found by the fuzzing (an IndexError from the embedding lookup), fixed in the masked loop.
 @pytest.mark.parametrize("mask_token_id", [TOK.vocab_size, TOK.vocab_size + 5])
 @pytest.mark.parametrize("sampler", ["confidence", "threshold", "lopa"])
-def test_known_failure_mask_token_id_outside_the_vocabulary(model, mask_token_id, sampler):
+def test_mask_token_id_outside_the_vocabulary_is_a_value_error(model, mask_token_id, sampler):
     ids = torch.randint(3, 40, (2, 5), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="mask_token_id"):
         dlm.generate(model, ids, gen_length=4, steps=4, sampler=sampler, mask_token_id=mask_token_id)
