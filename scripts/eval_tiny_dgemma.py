@@ -107,6 +107,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--curve", default="", help="entropy_bound:max_denoising_steps points, comma-separated")
     ap.add_argument("--grid", action="store_true", help="sweep entropy_bound, t_max/t_min, steps (tuning)")
+    ap.add_argument("--grid-steps", type=int, default=32, help="max_denoising_steps in the --grid")
     ap.add_argument("--json", default=None, help="write all results here")
     args = ap.parse_args(argv)
 
@@ -139,7 +140,7 @@ def main(argv=None):
         run(f"entropy_bound {eb} max_denoising_steps {steps}", dict(base, entropy_bound=eb, max_denoising_steps=steps))
     if args.grid:
         for eb, steps, (t_max, t_min) in itertools.product(
-                (0.05, 0.1, 0.3, 1.0), (8, 16, 32), ((0.8, 0.4), (0.5, 0.1), (1.0, 0.6))):
+                (0.03, 0.1, 0.3, 1.0), (args.grid_steps,), ((0.8, 0.4), (0.4, 0.1), (0.2, 0.05))):
             run(f"eb {eb} steps {steps} t_max {t_max} t_min {t_min}",
                 dict(base, entropy_bound=eb, max_denoising_steps=steps, t_max=t_max, t_min=t_min))
     if args.json:
