@@ -267,16 +267,20 @@ class UnmaskingScheduler(SchedulerMixin, ConfigMixin):
         all `[B, Lb]` (rows without candidates unchanged, their proposal the argmax)."""
         if step_index == 0 or not self._state:
             self._state = self.policy.init_state(x.shape[0], x.shape[1], x.device)
-        probs_argmax = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-        proposal, confidence = probs_argmax.indices, probs_argmax.values
+        active = candidates.any(dim=1)
         new_x = x.clone()
-        rows = candidates.any(dim=1).nonzero().squeeze(1)
+        proposal = torch.zeros_like(x)
+        confidence = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        idle = (~active).nonzero().squeeze(1)
+        if idle.numel():  # rows with nothing left to commit report the argmax and its probability
+            top = torch.softmax(logits[idle].float(), dim=-1).max(dim=-1)
+            proposal[idle], confidence[idle] = top.indices, top.values
+        rows = active.nonzero().squeeze(1)
         if rows.numel() == 0:
             return new_x, proposal, confidence
         ctx = self._context(x[rows], candidates[rows], step_index, temperature, generator, mask_id, rows)
         result = self.policy.step(logits[rows], ctx)
         new_x[rows] = driver_guarantees(result, x[rows], candidates[rows], self.policy.remasks, ctx.last_step, mask_id)
-        proposal, confidence = proposal.clone(), confidence.clone()
         proposal[rows], confidence[rows] = result.proposal, result.confidence.float()
         return new_x, proposal, confidence
 
