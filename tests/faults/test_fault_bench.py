@@ -63,6 +63,8 @@ def test_sigint_mid_benchmark_then_resume_equals_an_uninterrupted_run(reference,
     out = tmp_path / "out"
     child = (
         "import os, signal, sys\n"
+        # a shell's background job starts with SIGINT ignored; a terminal's foreground run does not
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from dlm.bench import journal\n"
         "record, n = journal.Journal.record, [0]\n"
         "def patched(self, pair):\n"
