@@ -187,9 +187,9 @@ class EntropyBoundRule:
     def self_conditioning_for(self, rows: torch.Tensor):
         return None if self.self_conditioning is None else self.self_conditioning[rows]
 
-    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder) -> int:
-        """Phases score/accept/renoise/stop for `rows` (`[R]`), logits `[R, C, V]`. Returns forwards
-        spent beyond the one the loop ran (0)."""
+    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder) -> tuple[int, int]:
+        """Phases score/accept/renoise/stop for `rows` (`[R]`), logits `[R, C, V]`. Returns the
+        forwards and branch forwards spent beyond the loop's own (none here)."""
         R, C, V = logits.shape
         # in place: the raw logits are ours and not needed after this (one vocabulary table fewer)
         processed = logits.div_(linear_temperature(self.max_steps - step, self.max_steps, self.config.t_min,
@@ -219,7 +219,8 @@ class EntropyBoundRule:
             self.self_conditioning[rows] = processed.to(self.embed_dtype)
         if self.stop is not None:
             self.done[rows] |= self.stop(new_argmax, entropy, None if every else rows)
-        return 0
+        self.last_trace = (accepted.sum(dim=1), (~accepted).sum(dim=1))  # accepted, renoised
+        return 0, 0
 
     def all_done(self) -> bool:
         return bool((self.done | self.skip).all())
@@ -284,7 +285,10 @@ class AcceptRule:
         noise = torch.randint(0, self.V, tokens.shape, device=tokens.device, generator=self.generator)
         return torch.where(accepted, tokens, noise)
 
-    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder) -> int:
+    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder) -> tuple[int, int]:
+        """One step for `rows` (`[R]`), logits `[R, C, V]`: the sampler decides on the current
+        sub-block, the contract is enforced, the rest renoised. Returns the look-ahead forwards and
+        branch forwards the sampler spent beyond the loop's own forward."""
         lo, hi = self._window()
         left_in_budget = self.sub_budget - self.sub_used
         x_full = torch.where(self.accepted[rows], self.canvas[rows], torch.full_like(self.canvas[rows], UNACCEPTED))
@@ -319,7 +323,7 @@ class AcceptRule:
         self.self_conditioning[rows] = (logits / temperature).to(self.embed_dtype)
         self.last_trace = (masks_left - (new_block == UNACCEPTED).sum(dim=1), (new_block == UNACCEPTED).sum(dim=1))
         self._advance_sub_block()
-        return extra
+        return extra, (0 if lookahead is None else lookahead.branches)
 
     def _advance_sub_block(self) -> None:
         """Move to the next sub-block once every row of the batch has accepted all of this one; its
@@ -469,13 +473,14 @@ def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tenso
                              else rule.self_conditioning, rows)
             if nonfinite_check is not None:
                 nonfinite_check(logits, index, step)
-            extra = rule.step(logits, rows, step, decoder)
+            extra, extra_branches = rule.step(logits, rows, step, decoder)
             used += 1 + extra
             nfe += 1 + extra
-            branch_forwards += 1 + extra * getattr(rule, "branch_width", 1)
+            branch_forwards += 1 + extra_branches
             bar.update(1 + extra if plan.steps else 0)
             if callback is not None or return_trace:
-                record = StepTrace(index, step, nfe, rows, *(_trace_counts(rule, rows)), True, 1 + extra, 1 + extra,
+                accepted_now, left = rule.last_trace
+                record = StepTrace(index, step, nfe, rows, accepted_now, left, True, 1 + extra, 1 + extra_branches,
                                    rule.tokens()[rows].clone() if return_trace else None)
                 if callback is not None:
                     callback(record)
@@ -506,15 +511,6 @@ def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tenso
         sequences=sequences, nfe=nfe, tpf=generated / max(nfe, 1), seconds=time.perf_counter() - started,
         forward_tokens=forward_tokens, steps_per_block=steps_per_block, trace=trace,
         branch_forwards=branch_forwards, nfe_per_sequence=per_row_nfe)
-
-
-def _trace_counts(rule, rows) -> tuple[torch.Tensor, torch.Tensor]:
-    """(accepted this step, not accepted after it) per row, for the step trace."""
-    last = getattr(rule, "last_trace", None)
-    if last is not None:
-        return last
-    zeros = torch.zeros(rows.numel(), dtype=torch.long, device=rows.device)
-    return zeros, zeros
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,14 +13,17 @@ different steps (the situation a trained model is in); each row of the table say
 
 Method: one warm-up call of each engine, then `--repeats` alternating timed calls from the same
 `torch.manual_seed` (the token equality is asserted on every call); the median is reported. Peak
-memory is the resident-set high-water mark of the process during one call, reset before the call
-(`/proc/self/clear_refs`), minus the resident set before it: what the decoding allocates.
+memory is measured apart, each engine in a fresh child process (so neither sees memory the other
+left with the allocator): the resident-set high-water mark during one call, after a warm-up call,
+minus the resident set before it: what that call's decoding allocates at its peak (Linux `/proc`;
+"n/a" elsewhere).
 Run on one thread (`torch.set_num_threads(1)`) unless `--threads` says otherwise.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -50,6 +53,21 @@ def peak_mib(call) -> float | None:
     before = _rss_kib("VmRSS")
     call()
     return (_rss_kib("VmHWM") - before) / 1024
+
+
+def peak_in_child(engine: str, name: str, batch: int, threads: int) -> float | None:
+    """`peak_mib` of one call of `engine` ("transformers" or "dlm"), in a fresh process."""
+    import subprocess
+
+    # A fixed mmap threshold: glibc would otherwise raise it after the warm-up frees its tables and
+    # keep later vocabulary-sized tensors on the heap, hiding them from the resident-set peak.
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    done = subprocess.run([sys.executable, __file__, "--peak-of", engine, "--models", name, "--batches", str(batch),
+                           "--threads", str(threads)], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"peak-memory child for {engine} {name} failed: {done.stderr.strip().splitlines()[-1:]}")
+    value = done.stdout.strip().splitlines()[-1]
+    return None if value == "n/a" else float(value)
 
 
 def random_model(vocab: int):
@@ -96,7 +114,8 @@ def trained_model():
 MODELS = {"tiny-dgemma": trained_model, "random-300": lambda: random_model(300), "random-32k": lambda: random_model(32768)}
 
 
-def bench(name: str, model, gc, encode, batch: int, repeats: int) -> dict:
+def engines(model, gc, encode, batch: int):
+    """The two calls compared: transformers' generate and ours, same config and seed."""
     ids, mask = encode(batch)
     kw = {"attention_mask": mask} if batch > 1 else {}
 
@@ -107,6 +126,11 @@ def bench(name: str, model, gc, encode, batch: int, repeats: int) -> dict:
     def ours():
         torch.manual_seed(0)
         return dlm.generate(model, ids, generation_config=gc, **kw)
+    return theirs, ours
+
+
+def bench(name: str, model, gc, encode, batch: int, repeats: int, threads: int) -> dict:
+    theirs, ours = engines(model, gc, encode, batch)
 
     reference, candidate = theirs(), ours()  # warm-up, and the equality every timed call repeats
     times = {"transformers": [], "dlm": []}
@@ -127,7 +151,8 @@ def bench(name: str, model, gc, encode, batch: int, repeats: int) -> dict:
         "confidence_threshold": gc.confidence_threshold, "identical_tokens": True,
         "decoder_forwards_per_row": candidate.nfe_per_sequence.tolist(),
         "transformers_s": round(t, 4), "dlm_s": round(d, 4), "speedup": round(t / d, 3),
-        "transformers_peak_mib": peak_mib(theirs), "dlm_peak_mib": peak_mib(ours),
+        "transformers_peak_mib": peak_in_child("transformers", name, batch, threads),
+        "dlm_peak_mib": peak_in_child("dlm", name, batch, threads),
     }
 
 
@@ -138,10 +163,18 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="write the rows as JSON here")
+    parser.add_argument("--peak-of", choices=("transformers", "dlm"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers.utils import logging
     logging.set_verbosity_error()
+    if args.peak_of:  # child process of peak_in_child: one model, one batch, one call
+        theirs, ours = engines(*MODELS[args.models](), int(args.batches))
+        call = theirs if args.peak_of == "transformers" else ours
+        call()  # warm-up: one-time allocations (imports, mask functions) are not decoding memory
+        peak = peak_mib(call)
+        print("n/a" if peak is None else f"{peak:.2f}")
+        return 0
     rows = []
     for name in args.models.split(","):
         if name not in MODELS:
@@ -151,7 +184,7 @@ def main(argv=None) -> int:
             print(f"{name}: no checkpoint, skipped", file=sys.stderr)
             continue
         for batch in (int(b) for b in args.batches.split(",")):
-            row = bench(name, *built, batch, args.repeats)
+            row = bench(name, *built, batch, args.repeats, args.threads)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     print("| model | vocab | batch | stop rule | transformers s | dlm s | speedup | peak MiB transformers / dlm |")

@@ -136,13 +136,14 @@ def test_nonfinite_logits_raise_naming_canvas_and_step(models):
     model = copy.deepcopy(models[0])
     calls = {"n": 0}
 
-    def poison(module, args, kwargs, out):
+    def poison(module, args, out):
         calls["n"] += 1
-        if calls["n"] == 3:
-            out.logits[0, 2, 7] = float("nan")
+        if calls["n"] == 3:  # the LM head's third call: canvas 0, step 2
+            out = out.clone()
+            out[0, 2, 7] = float("nan")
         return out
 
-    model.register_forward_hook(poison, with_kwargs=True)
+    model.lm_head.register_forward_hook(poison)
     ids, _, gc, _ = _case(0)
     with pytest.raises(NonFiniteLogitsError, match="1 position\\(s\\) in canvas 0, step 2"):
         dlm.generate(model, ids, generation_config=gc)
