@@ -210,3 +210,31 @@ def run_llada2(pipe, wrapper: DiffusersModelWrapper, input_ids: torch.Tensor, at
     return LLaDA2RunOutput(sequences=out.sequences, nfe=wrapper.nfe, seconds=seconds,
                            forward_tokens=wrapper.forward_tokens, num_inference_steps=n_steps,
                            windows=list(wrapper.windows))
+
+
+# ----------------------------------------------------------------------------- the bench row
+from dlm.bench.external import ExternalRow, ExternalRun, register  # noqa: E402
+
+
+@register("diffusers-llada2", BASELINE_DESCRIPTIONS["diffusers-llada2"])
+@register("diffusers-llada2-thr", BASELINE_DESCRIPTIONS["diffusers-llada2-thr"])
+class LLaDA2Row(ExternalRow):
+    """`dlm bench` row: `LLaDA2Pipeline` on the run's masked model. The budget maps to the pipeline's
+    per-block steps (`steps_per_block`); every row of the batch is in every call (per-row NFE = calls)."""
+
+    engine = "diffusers"
+    options = PIPELINE_OPTIONS
+    takes_block = True
+    family = "masked"
+
+    def run(self, spec, budget, input_ids, attention_mask, generator) -> ExternalRun:
+        if getattr(self, "_pipe", None) is None:
+            self._pipe = build_pipeline(self.model, self.tokenizer)
+        pipe, wrapper = self._pipe
+        opts = dict(BASELINES[self.name])
+        opts.setdefault("eos_early_stop", self.cfg.eos_early_stop)
+        opts.update(spec.option_dict)
+        out = run_llada2(pipe, wrapper, input_ids, attention_mask, gen_length=self.cfg.gen_length,
+                         block_length=spec.block_for(self.cfg), steps=budget, temperature=self.cfg.temperature,
+                         generator=generator, options=opts, mask_token_id=self.mask_id, eos_token_id=self.eos_id)
+        return ExternalRun(out.sequences, [out.nfe] * input_ids.shape[0], out.nfe, out.forward_tokens, out.seconds)

@@ -22,21 +22,18 @@ Definitions (also in docs/benchmarks.md):
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import platform
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from itertools import groupby
-from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from dlm.bench.diffusers_llada2 import BASELINES, build_pipeline, run_llada2
+from dlm.bench.external import external_rows
+from dlm.bench.memory import PeakMemory
 from dlm.generate import KV_CACHE_MODES
 
 
@@ -54,8 +51,8 @@ class SamplerSpec:
     `cut=1` feeds the model only up to the current block's end (`generate(cut_trailing_masks=True)`,
     an approximation for bidirectional models); `block=N` runs this entry at block length N instead of
     the run's `--block-length` (either engine; N must divide `--gen-length`); other
-    keys override the sampler's config (`threshold:tau=0.7`) or, for the diffusers baselines, the
-    pipeline's keywords (`diffusers-llada2:threshold=0.9`). `label` is the entry as written.
+    keys override the sampler's config (`threshold:tau=0.7`) or, for an external row
+    (`dlm.bench.external`), its options (`diffusers-llada2:threshold=0.9`). `label` is the entry as written.
     """
 
     label: str
@@ -68,8 +65,9 @@ class SamplerSpec:
     block_length: int | None = None
 
     @property
-    def is_diffusers(self) -> bool:
-        return self.name in BASELINES
+    def is_external(self) -> bool:
+        """An external engine row (`dlm.bench.external`), not one of our samplers."""
+        return self.name in external_rows()
 
     @property
     def option_dict(self) -> dict:
@@ -96,7 +94,8 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
     entries = [e.strip() for e in entries if e.strip()]
     if not entries:
         raise ValueError("no samplers given; pass e.g. --samplers confidence,threshold")
-    known = list(available_samplers()) + list(BASELINES)
+    rows = external_rows()
+    known = list(available_samplers()) + list(rows)
     specs, seen = [], set()
     for entry in entries:
         name, *opts = entry.split(":")
@@ -130,21 +129,19 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         seen.add(entry)
         spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv, cache_across_blocks=xblock,
                            cut_trailing_masks=cut, cache_refresh_every=refresh, block_length=block)
-        if cut and spec.is_diffusers:
-            raise ValueError(f"{entry!r}: cut=1 is an option of our engine; diffusers' pipeline always cuts at the block end")
-        if xblock and (spec.is_diffusers or kv in (None, "none", "auto")):
+        if name in rows:
+            rows[name][0].check_entry(spec)  # its own options; our engine's flags refused
+            specs.append(spec)
+            continue
+        if xblock and kv in (None, "none", "auto"):
             raise ValueError(f"{entry!r}: xblock=1 extends a KV cache; add kv=prefix or kv=dual")
         if xblock and kv == "prompt":
             raise ValueError(f"{entry!r}: kv=prompt already keeps its cache across blocks; drop xblock=1")
-        if refresh and (spec.is_diffusers or kv in (None, "none")):
+        if refresh and kv in (None, "none"):
             raise ValueError(f"{entry!r}: refresh={refresh} rebuilds a KV cache; add kv=prefix or kv=dual")
-        if spec.is_diffusers and kv not in (None, "none"):
-            raise ValueError(f"{entry!r}: diffusers' LLaDA2Pipeline has no KV cache (drop kv=)")
-        if not spec.is_diffusers:
-            from samplers import get_sampler
-            policy = get_sampler(name, **spec.option_dict)  # validates the config now, not mid-run
-            if cut and policy.ensemble:
-                raise ValueError(f"{entry!r}: cut=1 is not supported with an ensemble sampler; drop it")
+        from samplers import get_sampler
+        if cut and get_sampler(name, **spec.option_dict).ensemble:  # validates the config now, not mid-run
+            raise ValueError(f"{entry!r}: cut=1 is not supported with an ensemble sampler; drop it")
         specs.append(spec)
     return specs
 
@@ -167,29 +164,17 @@ def load_model(name_or_path: str, device: str = "cpu"):
     """`(model, tokenizer, ids)` for a built-in name or a checkpoint path; `ids` holds the mask, EOS and
     pad ids the loader resolved (None where unknown).
 
-    Uses `dlm.load` (the project's loader) when it exists, else the tiny model's own loader.
     """
-    try:
-        from dlm.loading import load as project_load
-    except ImportError:
-        project_load = None
-    if project_load is not None:
-        try:
-            obj = project_load(name_or_path, device=device)
-        except (OSError, KeyError) as err:
-            raise ValueError(f"cannot load model {name_or_path!r}: {err}") from None
-        if isinstance(obj, tuple):
-            return obj[0], obj[1], {}
-        ids = {k: getattr(obj, k, None) for k in ("mask_token_id", "eos_token_id", "pad_token_id")}
-        return obj.model, obj.tokenizer, ids
-    from dlm.tiny import BUILTIN_MODELS, load_tiny_dlm
+    from dlm.loading import load as project_load
 
-    if name_or_path in BUILTIN_MODELS:
-        return (*load_tiny_dlm(BUILTIN_MODELS[name_or_path], device=device), {})
-    if Path(name_or_path).is_dir():
-        return (*load_tiny_dlm(name_or_path, device=device), {})
-    raise ValueError(f"unknown model {name_or_path!r}; give a built-in name ({', '.join(BUILTIN_MODELS)}) "
-                     f"or a checkpoint directory")
+    try:
+        obj = project_load(name_or_path, device=device)
+    except (OSError, KeyError) as err:
+        raise ValueError(f"cannot load model {name_or_path!r}: {err}") from None
+    if isinstance(obj, tuple):
+        return obj[0], obj[1], {}
+    ids = {k: getattr(obj, k, None) for k in ("mask_token_id", "eos_token_id", "pad_token_id")}
+    return obj.model, obj.tokenizer, ids
 
 
 def resolve_suite(spec: str, extractor: str | None = None) -> list:
@@ -223,58 +208,6 @@ def collect_examples(tasks: list, limit: int | None, seed: int) -> list:
 
 
 # ----------------------------------------------------------------------------- measurement helpers
-class PeakMemory:
-    """Peak memory above the starting level during a `with` block, in MiB (see module docstring)."""
-
-    def __init__(self, device: torch.device):
-        self.device = torch.device(device)
-        self.peak_mb: float | None = None
-        self.method = "cuda_max_memory_allocated" if self.device.type == "cuda" else "rss_peak_sampled_5ms"
-
-    @staticmethod
-    def _rss() -> int | None:
-        try:
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def __enter__(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return self
-        self._base = self._rss()
-        self._max = self._base
-        self._stop = threading.Event()
-        if self._base is not None:
-            def poll():
-                while not self._stop.wait(0.005):
-                    rss = self._rss()
-                    if rss is not None and rss > self._max:
-                        self._max = rss
-            self._thread = threading.Thread(target=poll, daemon=True)
-            self._thread.start()
-        else:
-            self.method = "unavailable"
-        return self
-
-    def __exit__(self, *exc):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.peak_mb = (torch.cuda.max_memory_allocated(self.device) - self._base) / 2**20
-            return False
-        if self._base is None:
-            return False
-        self._stop.set()
-        self._thread.join()
-        rss = self._rss()
-        self._max = max(self._max, rss or 0)
-        self.peak_mb = (self._max - self._base) / 2**20
-        return False
-
-
 def _cut_at_eos(ids: list[int], eos_id: int | None) -> list[int]:
     if eos_id is not None and eos_id in ids:
         return ids[: ids.index(eos_id)]
@@ -406,11 +339,14 @@ class BenchResult:
 
 # ----------------------------------------------------------------------------- running
 class _Runner:
-    """Runs one sampler spec at one budget on one batch; knows both engines."""
+    """Runs one sampler spec at one budget on one batch: our engine, or an external row."""
 
     def __init__(self, model, tokenizer, cfg: BenchConfig, ids: dict | None = None):
+        from dlm.uniform_noise import is_uniform_noise_model
+
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
-        self._pipe = None
+        self.uniform_noise = is_uniform_noise_model(model)
+        self._rows: dict = {}
         ids = ids or {}
         config = getattr(model, "config", None)
 
@@ -422,15 +358,20 @@ class _Runner:
                     return int(source)
             return None
 
-        self.mask_id, self.eos_id, pad = first("mask_token_id"), first("eos_token_id"), first("pad_token_id")
+        # a uniform-noise model has no mask token, whatever its tokenizer defines
+        self.mask_id = None if self.uniform_noise else first("mask_token_id")
+        self.eos_id, pad = first("eos_token_id"), first("pad_token_id")
         if pad is None or pad == self.mask_id:
             pad = self.eos_id  # any id but the mask works under the attention mask
         self.pad_id = pad
 
-    def pipe(self):
-        if self._pipe is None:
-            self._pipe = build_pipeline(self.model, self.tokenizer)
-        return self._pipe
+    def row(self, name: str):
+        """The external row `name`, built (and checked against the model's family) on first use."""
+        if name not in self._rows:
+            row = external_rows()[name][0](name, self.model, self.tokenizer, self.cfg, self.mask_id, self.eos_id, self.pad_id)
+            row.check_model(self.uniform_noise)
+            self._rows[name] = row
+        return self._rows[name]
 
     def run(self, spec: SamplerSpec, budget: int, input_ids, attention_mask, generator, extract=None) -> tuple:
         """Returns generated ids `[B, gen_length]`, per-row NFE, batch NFE, forward tokens, seconds,
@@ -438,16 +379,9 @@ class _Runner:
 
         `extract(row, generated ids) -> answer` is the ensemble's answer extractor (hex votes on it)."""
         cfg = self.cfg
-        if spec.is_diffusers:
-            pipe, wrapper = self.pipe()
-            opts = dict(BASELINES[spec.name])
-            opts.setdefault("eos_early_stop", cfg.eos_early_stop)
-            opts.update(spec.option_dict)
-            out = run_llada2(pipe, wrapper, input_ids, attention_mask, gen_length=cfg.gen_length,
-                             block_length=spec.block_for(cfg), steps=budget, temperature=cfg.temperature,
-                             generator=generator, options=opts, mask_token_id=self.mask_id, eos_token_id=self.eos_id)
-            per_row = [out.nfe] * input_ids.shape[0]
-            return out.sequences, per_row, out.nfe, out.forward_tokens, out.seconds, per_row, None
+        if spec.is_external:
+            out = self.row(spec.name).run(spec, budget, input_ids, attention_mask, generator)
+            return out.sequences, out.nfe_per_row, out.nfe, out.forward_tokens, out.seconds, out.nfe_per_row, None
         import dlm
         from samplers import get_sampler
 
@@ -459,9 +393,11 @@ class _Runner:
             per_row[rows] += trace.forwards
             per_row_branches[rows] += trace.branch_forwards
 
-        kw = dict(temperature=cfg.temperature, mask_token_id=self.mask_id, eos_token_id=self.eos_id,
-                  attention_mask=attention_mask, generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache,
-                  cache_refresh_every=spec.cache_refresh_every, eos_early_stop=cfg.eos_early_stop, callback=count)
+        kw = dict(temperature=cfg.temperature, eos_token_id=self.eos_id, attention_mask=attention_mask,
+                  generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache, callback=count)
+        if not self.uniform_noise:  # masked-engine options (a uniform-noise model refuses them when given)
+            kw.update(mask_token_id=self.mask_id, cache_refresh_every=spec.cache_refresh_every,
+                      eos_early_stop=cfg.eos_early_stop)
         policy = get_sampler(spec.name, **spec.option_dict)
         if policy.ensemble:
             from dlm.ensemble import hex_generate
@@ -472,6 +408,8 @@ class _Runner:
                                steps=budget, sampler=policy, cache_across_blocks=spec.cache_across_blocks,
                                cut_trailing_masks=spec.cut_trailing_masks, **kw)
         gen = out.sequences[:, input_ids.shape[1]:]
+        if out.nfe_per_sequence is not None:  # uniform noise: transformers' count (rows whose sequence ended drop out)
+            per_row = out.nfe_per_sequence
         return gen, per_row.tolist(), out.nfe, out.forward_tokens, out.seconds, per_row_branches.tolist(), out.experts
 
 
@@ -507,7 +445,7 @@ def check_spec_blocks(specs: list[SamplerSpec], cfg: BenchConfig, budgets: list[
 
 
 def _engine_key(spec: SamplerSpec, cfg: BenchConfig) -> str:
-    return "diffusers" if spec.is_diffusers else f"dlm/{spec.kv_cache or cfg.kv_cache}"
+    return spec.name if spec.is_external else f"dlm/{spec.kv_cache or cfg.kv_cache}"
 
 
 def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=None, journal=None) -> BenchResult:
@@ -532,7 +470,7 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
     device = torch.device(cfg.device)
     cfg = _with(cfg, temperature=0.0 if cfg.temperature is None else cfg.temperature)
     runner = _Runner(model, tokenizer, cfg, ids)
-    if runner.mask_id is None:
+    if runner.mask_id is None and not runner.uniform_noise:
         raise ValueError(f"model {cfg.model!r} has no mask token: it is not a masked diffusion LM")
     task_of = {t.name: t for t in tasks}
     batches = encoded_suite_batches(tokenizer, examples, cfg.batch_size, runner.pad_id, device)
@@ -599,8 +537,8 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
             n = len(scores)
             total_nfe = sum(per_seq_nfe)
             pairs.append(PairResult(
-                sampler=spec.label, budget=budget, engine="diffusers" if spec.is_diffusers else "dlm",
-                kv_cache="none" if spec.is_diffusers else (spec.kv_cache or cfg.kv_cache), n=n,
+                sampler=spec.label, budget=budget, engine=runner.row(spec.name).engine if spec.is_external else "dlm",
+                kv_cache="none" if spec.is_external else (spec.kv_cache or cfg.kv_cache), n=n,
                 quality=100.0 * sum(scores) / n,
                 quality_by_task={k: 100.0 * sum(v) / len(v) for k, v in by_task.items()},
                 nfe=total_nfe / n, nfe_per_call=sum(call_nfe) / len(call_nfe),
@@ -680,10 +618,10 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
     oracle, 100 x (1 - total variation to the exact joint) otherwise (all metrics under `extra`)."""
     import dlm
 
-    bad = [s.label for s in specs if s.is_diffusers]
+    bad = [s.label for s in specs if s.is_external]
     if bad:
-        raise ValueError(f"{', '.join(bad)}: diffusers' pipeline cannot run an oracle suite (its window "
-                         f"drops the masked future the oracle conditions on); use dlm samplers")
+        raise ValueError(f"{', '.join(bad)}: an external engine cannot run an oracle suite (it does not run the "
+                         f"oracle's model interface); use dlm samplers")
     bad = [s.label for s in specs if s.block_length is not None]
     if bad:
         raise ValueError(f"{', '.join(bad)}: an oracle suite fixes its own block length; drop block=")
@@ -740,7 +678,7 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
 
 
 def compare_to_baselines(result: BenchResult, tolerance: float = 1.0) -> dict:
-    """Equal-quality speed ratios of each of our samplers against each diffusers baseline.
+    """Equal-quality speed ratios of each of our samplers against each external baseline (engine not "dlm").
 
     For a baseline, its operating point is its smallest-NFE pair within `tolerance` points of its own
     budget = gen_length run (see `summarize_targets`). For each of our samplers, the matching point is
@@ -751,12 +689,12 @@ def compare_to_baselines(result: BenchResult, tolerance: float = 1.0) -> dict:
     engines = {p.sampler: p.engine for p in result.pairs}
     out: dict[str, Any] = {}
     for base, bt in targets.items():
-        if engines[base] != "diffusers":
+        if engines[base] == "dlm":
             continue
         base_pair = next(p for p in result.pairs if p.sampler == base and p.budget == bt["min_budget"])
         rows = {}
         for name in targets:
-            if engines[name] == "diffusers":
+            if engines[name] != "dlm":
                 continue
             ok = [p for p in result.pairs if p.sampler == name and p.quality >= base_pair.quality - tolerance]
             if not ok:

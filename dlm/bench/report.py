@@ -144,7 +144,7 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
         # Wide enough for a legend beside the axes, so it never covers a curve or a label.
         fig, ax = plt.subplots(figsize=(9.5, 4.8))
         for i, (name, ps) in enumerate(lines.items()):
-            style = "--" if ps[0].engine == "diffusers" else "-"
+            style = "--" if ps[0].engine != "dlm" else "-"
             # distinct markers and shrinking sizes keep coinciding lines visible
             ax.plot([getattr(p, key) for p in ps], [p.quality for p in ps], style, marker=MARKERS[i % len(MARKERS)],
                     markersize=max(3, 9 - i), linewidth=max(0.8, 2.2 - 0.2 * i), label=name)
@@ -185,7 +185,7 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
         for ax, task in zip(axes.flat, tasks):
             for name, ps in lines.items():
                 ax.plot([p.tpf for p in ps], [p.quality_by_task.get(task, float("nan")) for p in ps],
-                        "--" if ps[0].engine == "diffusers" else "-", marker="o", label=name)
+                        "--" if ps[0].engine != "dlm" else "-", marker="o", label=name)
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(plain)
             ax.set_title(task, fontsize=9)
@@ -211,7 +211,7 @@ def plot_results(result: BenchResult, out_dir: Path) -> list[Path]:
 
 def _plot_seconds_by_suite(plt, lines: dict, suites: list, subtitle: str, path: Path) -> Path:
     """One panel per suite of a multi-suite run: quality vs that suite's wall time (log), the view
-    in which each suite's equal-quality speed-up against the diffusers baselines is read."""
+    in which each suite's equal-quality speed-up against the external baselines is read."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, axes = plt.subplots(1, len(suites), figsize=(4.2 * len(suites), 3.8), squeeze=False, sharey=True)
@@ -219,7 +219,7 @@ def _plot_seconds_by_suite(plt, lines: dict, suites: list, subtitle: str, path: 
         for i, (name, ps) in enumerate(lines.items()):
             pts = [p.by_suite[suite] for p in ps if suite in p.by_suite]
             ax.plot([q["seconds"] for q in pts], [q["quality"] for q in pts],
-                    "--" if ps[0].engine == "diffusers" else "-", marker=MARKERS[i % len(MARKERS)],
+                    "--" if ps[0].engine != "dlm" else "-", marker=MARKERS[i % len(MARKERS)],
                     markersize=max(3, 8 - i), label=name)
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -230,7 +230,7 @@ def _plot_seconds_by_suite(plt, lines: dict, suites: list, subtitle: str, path: 
         ax.grid(True, which="both", alpha=0.3)
     axes.flat[0].set_ylabel("quality (% correct)")
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.suptitle(f"quality vs wall time, by suite (dashed: diffusers)\n{subtitle}", fontsize=9)
+    fig.suptitle(f"quality vs wall time, by suite (dashed: external engines)\n{subtitle}", fontsize=9)
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.05 + 0.035 * ((len(labels) - 1) // 4), 1, 1))
     fig.savefig(path, dpi=100)

@@ -1,4 +1,4 @@
-"""`dlm bench`: quality vs forward passes for several samplers on one suite, diffusers' pipeline beside them."""
+"""`dlm bench`: quality vs forward passes for several samplers on one suite, the field's engines beside them."""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +32,9 @@ def register(subparsers) -> None:
                    help="comma-separated entries name[:key=value...]; kv=none|prefix|dual|prompt picks the cache per entry, "
                         "xblock=1 extends it across blocks, refresh=N rebuilds it every N steps, cut=1 cuts the window "
                         "at the block end, block=N sets the entry's block length (either engine); "
-                        "diffusers-llada2 and diffusers-llada2-thr run diffusers' LLaDA2Pipeline (default: confidence,threshold)")
+                        "external rows: diffusers-llada2 and diffusers-llada2-thr (diffusers' LLaDA2Pipeline), "
+                        "transformers-diffusiongemma, diffusers-diffusiongemma and dlm-exact (DiffusionGemma models; "
+                        "--steps points map to entropy bounds, see docs/benchmarks.md) (default: confidence,threshold)")
     p.add_argument("--steps", default="8,16,32,64", help="comma-separated forward-pass budgets (default: 8,16,32,64)")
     p.add_argument("--limit", type=_limit, default=None,
                    help="prompts per task (default: 50 per task, every JSONL line, 4096 oracle samples)")

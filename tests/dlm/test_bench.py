@@ -80,7 +80,7 @@ def test_sampler_spec_parsing():
     a, b, c = parse_sampler_specs("confidence, threshold:tau=0.7:kv=prefix,diffusers-llada2:threshold=0.9")
     assert (a.name, a.kv_cache, a.option_dict) == ("confidence", None, {})
     assert (b.name, b.kv_cache, b.option_dict, b.label) == ("threshold", "prefix", {"tau": 0.7}, "threshold:tau=0.7:kv=prefix")
-    assert c.is_diffusers and c.option_dict == {"threshold": 0.9}
+    assert c.is_external and c.option_dict == {"threshold": 0.9}
 
 
 def test_xblock_spec_needs_a_cache():
