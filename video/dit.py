@@ -24,7 +24,7 @@ K/V, the norm and q/k/v projections recomputed per group).
 
 import torch
 
-from video.dit_attention import attend, attention_by_spans, head_linear, rows, token_spans
+from video.dit_attention import attend, attention_by_spans, head_linear, query_chunks, rows, token_spans
 
 SUPPORTED_DIT = ("WanTransformer3DModel", "CogVideoXTransformer3DModel", "HunyuanVideoTransformer3DModel")
 
@@ -81,6 +81,7 @@ def wan_block_forward(block, chunks: int, head_slices: int = 1):
     def forward(hidden_states, encoder_hidden_states, temb, rotary_emb):
         n = hidden_states.shape[1]
         segs = [(None, a, b, a, b) for a, b in token_spans(n, chunks)]
+        qsegs = [(None, a, b, a, b) for a, b in token_spans(n, query_chunks(n, chunks))]
         if temb.ndim == 4:  # per-token modulation (Wan 2.2 TI2V): [B, N, 6, D]
             mods = [m.squeeze(2) for m in (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)]
         else:
@@ -106,7 +107,7 @@ def wan_block_forward(block, chunks: int, head_slices: int = 1):
 
         backend = attn.processor._attention_backend
         o_all = attention_by_spans(segs, n, heads, head_slices, kv_of, q_of,
-                                   lambda q, k, v: attend(q, k, v, backend=backend))
+                                   lambda q, k, v: attend(q, k, v, backend=backend), qsegs)
         cross = _wan_cross_kv(block.attn2, encoder_hidden_states)
         out = _output_over(o_all, hidden_states)
         for _, a, b, _, _ in segs:  # pass 3: the rest of the block, span by span
@@ -149,6 +150,7 @@ def cogvideox_block_forward(block, chunks: int, head_slices: int = 1):
                              "call video.unstreamline")
         n, t = hidden_states.shape[1], encoder_hidden_states.shape[1]
         segs = _segments(n, t, chunks, text_first=True)
+        qsegs = _segments(n, t, query_chunks(n, chunks), text_first=True)
         m1 = block.norm1.linear(block.norm1.silu(temb)).chunk(6, dim=1)
         m2 = block.norm2.linear(block.norm2.silu(temb)).chunk(6, dim=1)
 
@@ -180,7 +182,7 @@ def cogvideox_block_forward(block, chunks: int, head_slices: int = 1):
                                                                  v.transpose(1, 2), dropout_p=0.0, is_causal=False)
             return o.transpose(1, 2)
 
-        o_all = attention_by_spans(segs, n + t, heads, head_slices, kv_of, q_of, sdpa)
+        o_all = attention_by_spans(segs, n + t, heads, head_slices, kv_of, q_of, sdpa, qsegs)
         out_all = _output_over(o_all, hidden_states)
         for seg in segs:  # pass 3
             is_text, _, _, ga, gb = seg
@@ -221,6 +223,7 @@ def hunyuan_double_block_forward(block, chunks: int, head_slices: int = 1):
     def forward(hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None, *args, **kwargs):
         n, t = hidden_states.shape[1], encoder_hidden_states.shape[1]
         segs = _segments(n, t, chunks, text_first=False)
+        qsegs = _segments(n, t, query_chunks(n, chunks), text_first=False)
         mv = block.norm1.linear(block.norm1.silu(temb)).chunk(6, dim=1)  # shift, scale, gate (msa, mlp)
         mt = block.norm1_context.linear(block.norm1_context.silu(temb)).chunk(6, dim=1)
 
@@ -245,7 +248,7 @@ def hunyuan_double_block_forward(block, chunks: int, head_slices: int = 1):
 
         backend = attn.processor._attention_backend
         o_all = attention_by_spans(segs, n + t, heads, head_slices, kv_of, q_of,
-                                   lambda q, k, v: attend(q, k, v, attention_mask, backend))
+                                   lambda q, k, v: attend(q, k, v, attention_mask, backend), qsegs)
         out_all = _output_over(o_all, hidden_states)
         for seg in segs:  # pass 3
             is_text, _, _, ga, gb = seg
@@ -272,6 +275,7 @@ def hunyuan_single_block_forward(block, chunks: int, head_slices: int = 1):
                 *args, **kwargs):
         n, t = hidden_states.shape[1], encoder_hidden_states.shape[1]
         segs = _segments(n, t, chunks, text_first=False)
+        qsegs = _segments(n, t, query_chunks(n, chunks), text_first=False)
         shift, scale, gate = block.norm.linear(block.norm.silu(temb)).chunk(3, dim=1)
 
         def src(seg):
@@ -290,7 +294,7 @@ def hunyuan_single_block_forward(block, chunks: int, head_slices: int = 1):
 
         backend = attn.processor._attention_backend
         o_all = attention_by_spans(segs, n + t, heads, head_slices, kv_of, q_of,
-                                   lambda q, k, v: attend(q, k, v, attention_mask, backend))
+                                   lambda q, k, v: attend(q, k, v, attention_mask, backend), qsegs)
         out_all = _output_over(o_all, hidden_states)
         for seg in segs:  # pass 3: the MLP branch and the joint output projection, span by span
             ga, gb = seg[3], seg[4]

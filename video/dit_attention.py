@@ -40,19 +40,30 @@ def rows(t: torch.Tensor, a: int, b: int, n: int) -> torch.Tensor:
 
 class KVBuffer:
     """Full-length key/value buffers filled span by span: ``put(a, b, k, v)`` with ``k, v`` of shape
-    ``[B, b - a, ...]`` (sequence on ``dim``); ``k`` / ``v`` are the full ``[B, L, ...]`` tensors."""
+    ``[B, b - a, heads, head_dim]``; ``k`` / ``v`` are the full ``[B, L, heads, head_dim]`` tensors.
 
-    def __init__(self, length: int, dim: int = 1):
-        self.length, self.dim = length, dim
-        self.k = self.v = None
+    Stored head-major (``[B, heads, L, head_dim]`` contiguous, ``k`` / ``v`` are transposed views): the
+    layout attention kernels read, so no call copies the keys again (torch's CPU flash kernel copies
+    a non-contiguous K/V on every call, which made many query spans slow)."""
+
+    def __init__(self, length: int):
+        self.length = length
+        self._k = self._v = None
 
     def put(self, a: int, b: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        if self.k is None:
-            shape = list(k.shape)
-            shape[self.dim] = self.length
-            self.k, self.v = k.new_empty(shape), v.new_empty(shape)
-        self.k.narrow(self.dim, a, b - a).copy_(k)
-        self.v.narrow(self.dim, a, b - a).copy_(v)
+        if self._k is None:
+            shape = (k.shape[0], k.shape[2], self.length, k.shape[3])
+            self._k, self._v = k.new_empty(shape), v.new_empty(shape)
+        self._k[:, :, a:b] = k.transpose(1, 2)
+        self._v[:, :, a:b] = v.transpose(1, 2)
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self._k.transpose(1, 2)
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self._v.transpose(1, 2)
 
 
 def attend(query, key, value, mask=None, backend=None):
@@ -70,11 +81,24 @@ def head_spans(heads: int, head_slices: int) -> list[tuple[int, int]]:
     return token_spans(heads, head_slices, "head_slices")
 
 
-def attention_by_spans(segs, length, heads, head_slices, kv_of, q_of, attn_fn):
+QUERY_SPAN = 256
+
+
+def query_chunks(n: int, chunks: int) -> int:
+    """Query spans of pass 2: ``chunks``, but none shorter than ``QUERY_SPAN`` tokens. Attention
+    kernels tile the queries (torch's CPU flash kernel uses 32-query tiles below 192 queries, 64 up
+    to 768, 256 above; GPU kernels 64-128), so very short query spans cost time (+17% attention time
+    at 128-query spans measured on CPU, +3% at 512) while a query span's transient (its normed input,
+    q and output, about 4 hidden widths per token) is small next to the full-size K/V it reads."""
+    return max(1, min(chunks, n // QUERY_SPAN))
+
+
+def attention_by_spans(segs, length, heads, head_slices, kv_of, q_of, attn_fn, qsegs=None):
     """Passes 1-2: exact attention of every query span against all keys, by head groups.
 
     segs: ``(tag, a, b, ga, gb)`` spans of the joint sequence (``ga:gb`` its global rows, ``tag, a, b``
-        what the callbacks need to find the span's inputs).
+        what the callbacks need to find the span's inputs); keys and values are made per span.
+    qsegs: the query spans, in the same form (default: ``segs``).
     kv_of(seg, h0, h1) -> (k, v) and q_of(seg, h0, h1) -> q: projections of the span for heads
         ``h0:h1``, ``[B, n, h1 - h0, head_dim]``.
     attn_fn(q, k, v) -> ``[B, n, heads', head_dim]`` attention (exact per query row).
@@ -86,7 +110,7 @@ def attention_by_spans(segs, length, heads, head_slices, kv_of, q_of, attn_fn):
         for seg in segs:
             k, v = kv_of(seg, h0, h1)
             kv.put(seg[3], seg[4], k, v)
-        for seg in segs:
+        for seg in segs if qsegs is None else qsegs:
             q = q_of(seg, h0, h1)
             o = attn_fn(q, kv.k, kv.v)
             if out is None:

@@ -62,7 +62,10 @@ def _spy_sdpa(monkeypatch):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("slices,head_slices", [(3, 1), (TOKENS, 4)])
 def test_sliced_equals_unsliced(family, slices, head_slices, monkeypatch):
+    import video.dit_attention as da
+
     model, run, blocks = FAMILIES[family]()
+    monkeypatch.setattr(da, "QUERY_SPAN", 8)  # 64 tokens: query spans of >= 8 tokens, not one span
     with torch.no_grad():
         ref = run()
         video.streamline(model, slices=slices, head_slices=head_slices)
@@ -79,8 +82,9 @@ def test_sliced_equals_unsliced(family, slices, head_slices, monkeypatch):
     # self-attention really ran per query span and head group, each span against every key
     self_attn = [c for c in calls if c[2] >= TOKENS]
     video_q = [c for c in self_attn if c[1] != 7]  # 7 = the text span of the joint-attention models
-    assert len(video_q) == len(blocks) * slices * head_slices
-    assert all(q <= -(-TOKENS // slices) and h == 4 // head_slices for h, q, _ in video_q)
+    spans = min(slices, TOKENS // 8)  # video.dit_attention.query_chunks
+    assert len(video_q) == len(blocks) * spans * head_slices
+    assert all(q <= -(-TOKENS // spans) and h == 4 // head_slices for h, q, _ in video_q)
 
 
 def test_wan_per_token_timesteps_and_image_context():

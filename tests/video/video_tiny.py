@@ -127,7 +127,7 @@ def tiny_hunyuan(seed: int = 0, heads: int = 4, head_dim: int = 16, layers: int 
         in_channels=4, out_channels=4, num_attention_heads=heads, attention_head_dim=head_dim,
         num_layers=layers, num_single_layers=single_layers, num_refiner_layers=1, mlp_ratio=4.0,
         patch_size=2, patch_size_t=1, guidance_embeds=False, text_embed_dim=text_dim,
-        pooled_projection_dim=8, rope_axes_dim=(4, 6, 6),
+        pooled_projection_dim=8, rope_axes_dim=(head_dim // 4, head_dim * 3 // 8, head_dim * 3 // 8),
     ).eval()
 
 
