@@ -1,4 +1,5 @@
-"""Peak activation memory and wall time of one denoising step, with and without streamline.
+"""Peak activation memory and time of one denoising step (or VAE decode): unsliced, streamlined, and
+diffusers' own memory options, on the same model in the same run.
 
 Each configuration runs in its own subprocess. Memory: Linux peak resident set size (VmHWM) of
 that subprocess, reset via /proc/self/clear_refs after the model and inputs exist and ``--warmup``
@@ -18,17 +19,18 @@ returned to the OS when freed: peak RSS then tracks the peak of live tensor memo
     OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model svd --frames 16 --size 48
     OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model latte --frames 16 --size 32
 
-    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model wan --frames 16 --size 32 --slices 32
-    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model cogvideox --frames 16 --size 32 --slices 32
-    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model hunyuan --frames 16 --size 32 --slices 32
+    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model wan --frames 16 --size 32 --slices 32 --head-slices 2
+    OMP_NUM_THREADS=1 python scripts/bench_video_memory.py --model hunyuan-vae --frames 16 --size 32
 
 Every run measures, in the same invocation and on the same model: ``unsliced`` (diffusers' default
 forward), ``streamlined`` (``video.streamline``) and each of diffusers' own memory options that
 applies to the model (``--options``, default: all that apply): ``forward_chunking``
 (``enable_forward_chunking(chunk_size=1)``, UNets that offer it), ``backend:_native_math``
 (``set_attention_backend``: attention through the math kernel, which materialises the scores; the
-default ``native`` SDPA already runs a flash kernel on CPU), ``vae_tiling`` / ``vae_slicing`` /
-``vae_framewise`` for the VAE models.
+default ``native`` SDPA already runs a flash kernel on CPU), ``vae_tiling`` / ``vae_framewise`` for
+the causal video VAEs (``--model wan-vae / cogvideox-vae / hunyuan-vae``: diffusers' decode modes
+only; ``unsliced`` is the exact reference: diffusers' decode for Wan and CogVideoX, the whole clip at
+once for HunyuanVideo). VAE slicing splits the batch and does nothing at batch 1.
 
 --model animatediff: a tiny random UNetMotionModel; --model svd: a tiny random
 UNetSpatioTemporalConditionModel (Stable Video Diffusion's UNet); --model latte: a tiny random
@@ -65,7 +67,7 @@ OPTIONS = {"animatediff": ("forward_chunking",), "svd": ("forward_chunking",), "
 CAUSAL_VAES = ("wan-vae", "cogvideox-vae", "hunyuan-vae")
 # wan-vae has no vae_tiling entry: Wan's tiled decode returned a wrongly sized video (124 px wide for
 # 64) with this tiny 2x-compression VAE, so it cannot be compared at equal output here.
-NO_OURS = ("hunyuan-vae",)  # no exact streamed decode exists (frames are coupled): diffusers' options only
+NO_OURS = CAUSAL_VAES  # diffusers' own decode modes only (see docs/video.md: what is exact)
 
 
 def _causal_vae(args):
@@ -74,8 +76,6 @@ def _causal_vae(args):
     for HunyuanVideo (its default framewise decode blends overlapping chunks)."""
     import torch
     from video_tiny import tiny_cogvideox_vae, tiny_hunyuan_vae, tiny_wan_vae
-
-    from video.vae_stream import decode_streamed
 
     vae = {"wan-vae": tiny_wan_vae, "cogvideox-vae": tiny_cogvideox_vae, "hunyuan-vae": tiny_hunyuan_vae}[args.model]()
     z = torch.randn(1, 4, args.frames, args.size, args.size, generator=torch.Generator().manual_seed(1))
@@ -89,8 +89,6 @@ def _causal_vae(args):
         else:
             vae.enable_tiling(tile_sample_min_height=px // 2, tile_sample_min_width=px // 2,
                               tile_sample_stride_height=px // 4, tile_sample_stride_width=px // 4)
-    if args.variant == "streamlined":
-        return vae, lambda: decode_streamed(vae, z)
     return vae, lambda: vae.decode(z).sample
 
 
