@@ -30,6 +30,7 @@ stopped denoising (transformers keeps computing them; we only keep drawing their
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -69,22 +70,26 @@ class DiffusionGemmaCanvasModel:
         self.canvas_length = int(model.config.canvas_length)
         self.vocab_size = int(model.config.text_config.vocab_size)
         self.embed_dtype = model.model.decoder.embed_tokens.weight.dtype
+        # transformers 5.24 renamed the cache keyword `past_key_values` -> `cache` (and the encoder
+        # output's field); read the installed name once instead of pinning one release.
+        params = inspect.signature(model._prepare_encoder_inputs).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
 
     def encode(self, input_ids, attention_mask, cache, position_ids, is_prefill: bool):
         """Phase 1.a: the unseen tokens (all of `input_ids` at prefill, else its last canvas) into
         `cache`, with transformers' own mask construction. input_ids `[B, T]`, attention_mask `[B, T]`."""
-        m = self.model
+        m, kw = self.model, self.cache_kw
         new_ids, mask_mapping = m._prepare_encoder_inputs(
-            input_ids=input_ids, attention_mask=attention_mask, encoder_position_ids=position_ids, cache=cache,
+            input_ids=input_ids, attention_mask=attention_mask, encoder_position_ids=position_ids, **{kw: cache},
             is_prefill=is_prefill, canvas_length=self.canvas_length, batch_size=input_ids.shape[0])
-        return m.model.encoder(input_ids=new_ids, attention_mask=mask_mapping, cache=cache,
-                               position_ids=position_ids).cache
+        out = m.model.encoder(input_ids=new_ids, attention_mask=mask_mapping, position_ids=position_ids, **{kw: cache})
+        return getattr(out, kw)
 
     def decoder_masks(self, decoder_attention_mask, cache, canvas):
         """The decoder's attention masks for `canvas [R, C]` against `cache` (the same rows)."""
         return self.model.model.decoder.create_diffusion_decoder_attention_mask(
-            config=self.model.config, inputs_embeds=canvas.unsqueeze(-1), cache=cache,
-            decoder_attention_mask=decoder_attention_mask)
+            config=self.model.config, inputs_embeds=canvas.unsqueeze(-1), decoder_attention_mask=decoder_attention_mask,
+            **{self.cache_kw: cache})
 
     def decode(self, canvas, self_conditioning, masks, cache, positions) -> torch.Tensor:
         """One decoder forward: logits `[R, C, V]` float32 for `canvas [R, C]`.
@@ -93,8 +98,9 @@ class DiffusionGemmaCanvasModel:
         `DiffusionGemmaForBlockDiffusion.forward` (head, float32, tanh soft-capping): the same logits
         without two wrapper layers per step."""
         m = self.model
-        hidden = m.model.decoder(decoder_input_ids=canvas, cache=cache, self_conditioning_logits=self_conditioning,
-                                 decoder_attention_mask=masks, decoder_position_ids=positions).last_hidden_state
+        hidden = m.model.decoder(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning,
+                                 decoder_attention_mask=masks, decoder_position_ids=positions,
+                                 **{self.cache_kw: cache}).last_hidden_state
         logits = m.lm_head(hidden).to(torch.float32)
         cap = m.final_logit_softcapping
         return torch.tanh(logits / cap) * cap
