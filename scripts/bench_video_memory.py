@@ -233,9 +233,10 @@ def main():
         ours = [] if a.model in NO_OURS else ["streamlined"]
         for name in ["unsliced"] + ours + options:
             out = os.path.join(d, name.replace(":", "_") + ".pt")
-            cmd = [sys.executable, __file__, "--child", "--model", a.model, "--frames", str(a.frames), "--size", str(a.size),
-                   "--slices", str(a.slices), "--tslices", str(a.tslices), "--head-slices", str(a.head_slices), "--head-dim", str(a.head_dim),
-                   "--reps", str(a.reps), "--warmup", str(a.warmup), "--variant", name, "--out", out]
+            cmd = [sys.executable, __file__, "--child", "--model", a.model, "--frames", str(a.frames),
+                   "--size", str(a.size), "--slices", str(a.slices), "--tslices", str(a.tslices),
+                   "--head-slices", str(a.head_slices), "--head-dim", str(a.head_dim), "--reps", str(a.reps),
+                   "--warmup", str(a.warmup), "--variant", name, "--out", out]
             env = dict(os.environ, OMP_NUM_THREADS="1")
             if a.allocator == "live":  # every block over 64 KiB is mmapped and unmapped when freed
                 env["MALLOC_MMAP_THRESHOLD_"] = "65536"

@@ -31,7 +31,8 @@ def _hunyuan(batch=1):
     x, t, ehs, mask, pooled = hunyuan_inputs(batch=batch, frames=4, size=8)
     if batch > 1:
         mask[1, 2:] = 0  # a different number of padding tokens per sample
-    return m, (lambda: m(x, t, ehs, mask, pooled).sample), list(m.transformer_blocks) + list(m.single_transformer_blocks)
+    blocks = list(m.transformer_blocks) + list(m.single_transformer_blocks)
+    return m, (lambda: m(x, t, ehs, mask, pooled).sample), blocks
 
 
 FAMILIES = {"wan": _wan, "cogvideox": _cogvideox, "hunyuan": _hunyuan}
