@@ -90,11 +90,17 @@ def evaluate_prompts(model, tok, examples, generation: dict | None = None, seed:
             "seconds": time.time() - t0, "outputs": outputs}
 
 
-def _parse_curve(text: str) -> list[tuple[float, int]]:
+def _parse_curve(text: str) -> list[dict]:
+    """"eb:steps[:t_max:t_min],..." -> generation overrides, one dict per point."""
     pts = []
     for item in filter(None, text.split(",")):
-        eb, _, steps = item.partition(":")
-        pts.append((float(eb), int(steps)))
+        parts = item.split(":")
+        if len(parts) not in (2, 4):
+            raise SystemExit(f"--curve: bad point {item!r}; use entropy_bound:steps or entropy_bound:steps:t_max:t_min")
+        pt = {"entropy_bound": float(parts[0]), "max_denoising_steps": int(parts[1])}
+        if len(parts) == 4:
+            pt.update(t_max=float(parts[2]), t_min=float(parts[3]))
+        pts.append(pt)
     return pts
 
 
@@ -105,7 +111,8 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=50, help="prompts per task")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--curve", default="", help="entropy_bound:max_denoising_steps points, comma-separated")
+    ap.add_argument("--curve", default="",
+                    help="points entropy_bound:max_denoising_steps[:t_max:t_min], comma-separated")
     ap.add_argument("--grid", action="store_true", help="sweep entropy_bound, t_max/t_min, steps (tuning)")
     ap.add_argument("--grid-steps", type=int, default=32, help="max_denoising_steps in the --grid")
     ap.add_argument("--json", default=None, help="write all results here")
@@ -136,8 +143,9 @@ def main(argv=None):
     print(f"split {args.split}, n {args.n} per task, seed {args.seed}; shipped config {base}")
     r = run("shipped generation_config", None)
     print("per task: " + ", ".join(f"{k} {100 * v:.0f}" for k, v in r["tasks"].items()))
-    for eb, steps in _parse_curve(args.curve):
-        run(f"entropy_bound {eb} max_denoising_steps {steps}", dict(base, entropy_bound=eb, max_denoising_steps=steps))
+    for pt in _parse_curve(args.curve):
+        run(" ".join(f"{k} {v}" for k, v in pt.items()).replace("entropy_bound", "eb")
+            .replace("max_denoising_steps", "steps"), dict(base, **pt))
     if args.grid:
         for eb, steps, (t_max, t_min) in itertools.product(
                 (0.03, 0.1, 0.3, 1.0), (args.grid_steps,), ((0.8, 0.4), (0.4, 0.1), (0.2, 0.05))):
