@@ -18,6 +18,7 @@ from dlm.decoding_config import KV_CACHE_MODES, DecodingConfig  # noqa: F401  (K
 from dlm.outputs import GenerateOutput, NonFiniteLogitsError, StepTrace, nonfinite_positions, raise_nonfinite  # noqa: F401
 from dlm.schedule import block_budget, tokens_this_step, validate_lengths
 from samplers import Sampler, StepContext, get_sampler
+from samplers.contract import enforce_step_contract
 
 
 
@@ -568,29 +569,5 @@ def check_prompt_ids(adapter: DLMAdapter, input_ids: torch.Tensor, attention_mas
 
 
 def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, last: bool, mask_id: int) -> torch.Tensor:
-    """The driver's guarantees, whatever the sampler returned. All `[R, Lb]`.
-
-    - rows that had no candidates do not change;
-    - a sampler that does not declare `remasks` never changes a committed token;
-    - every step makes progress: a row whose mask count did not drop gets its most confident
-      candidate committed;
-    - on the block's last step every remaining mask is filled with the sampler's proposal, so the
-      budget is honoured even by a sampler that commits too little.
-    """
-    new = result.x
-    if new.shape != block_x.shape:
-        raise RuntimeError(f"sampler returned x of shape {tuple(new.shape)}, expected {tuple(block_x.shape)}")
-    row_active = (masks_left > 0).unsqueeze(1)
-    new = torch.where(row_active, new, block_x)
-    if not remasks:
-        new = torch.where(candidates, new, block_x)
-    # Computed unconditionally (no host sync): a no-op for rows that progressed. A remasking
-    # sampler's stall may sit on a position it just masked again, so any mask of the block counts.
-    stalled = row_active.squeeze(1) & ((new == mask_id).sum(dim=1) >= masks_left)
-    still = new == mask_id
-    score = torch.where(still, result.confidence.double(), torch.full_like(result.confidence, -1.0, dtype=torch.float64))
-    best = torch.zeros_like(still).scatter_(1, score.argmax(dim=1, keepdim=True), True) & still
-    new = torch.where(best & stalled.unsqueeze(1), result.proposal, new)
-    if last:
-        new = torch.where(new == mask_id, result.proposal, new)
-    return new
+    """The driver's guarantees (`samplers.contract.enforce_step_contract`), `[R, Lb]`."""
+    return enforce_step_contract(result, block_x, candidates, remasks=remasks, last=last, mask_id=mask_id)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from samplers.contract import tokens_this_step  # noqa: F401  (the quota lives with the step contract)
+
 
 def validate_lengths(gen_length: int, block_length: int, steps: int) -> int:
     """Check the block/step arithmetic and return the number of blocks."""
@@ -34,13 +36,3 @@ def block_budget(steps_left: int, blocks_left: int) -> int:
     Never exceeds `steps_left - (blocks_left - 1)`, so every later block keeps at least one step.
     """
     return -(-steps_left // blocks_left)
-
-
-def tokens_this_step(masks_left: torch.Tensor, steps_left_in_block: int) -> torch.Tensor:
-    """`[B]` tokens to commit now: ceil(masks_left / steps_left), at least 1 where masks remain.
-
-    Spreads n masks over S steps as n//S with the first n%S steps one larger (LLaDA's
-    `get_num_transfer_tokens`), and stays correct when a sampler commits more or remasks.
-    """
-    k = torch.div(masks_left + steps_left_in_block - 1, steps_left_in_block, rounding_mode="floor")
-    return torch.where(masks_left > 0, k.clamp_min(1), torch.zeros_like(k))

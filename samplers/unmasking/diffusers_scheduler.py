@@ -49,6 +49,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 
 from samplers.base import Sampler, StepContext, StepResult
+from samplers.contract import enforce_step_contract, tokens_this_step
 from samplers.registry import get_sampler
 from samplers.unmasking._common import commit, gather_prob
 from samplers.unmasking.entropy_bound import (EntropyBoundSampler, categorical_entropy, entropy_bound_accept,
@@ -101,25 +102,13 @@ def fixed_quota(block_length: int, steps: int, step_index: int) -> int:
 
 def adaptive_quota(masks_left: torch.Tensor, steps_left: int) -> torch.Tensor:
     """`[B]` long: `ceil(masks_left / steps_left)`, at least 1 where masks remain (the engine's rule)."""
-    k = torch.div(masks_left + steps_left - 1, steps_left, rounding_mode="floor")
-    return torch.where(masks_left > 0, k.clamp_min(1), torch.zeros_like(k))
+    return tokens_this_step(masks_left, steps_left)
 
 
 def driver_guarantees(result: StepResult, x: torch.Tensor, candidates: torch.Tensor, remasks: bool, last: bool,
                       mask_id: int) -> torch.Tensor:
-    """What a driver guarantees whatever the policy returned (the engine's contract), all `[R, Lb]`:
-    a policy that does not remask never changes a committed token; every step commits at least one
-    candidate (the most confident proposal) in a row that has one; the last step fills every mask."""
-    new = result.x if remasks else torch.where(candidates, result.x, x)
-    masks_before = candidates.sum(dim=1)
-    stalled = (masks_before > 0) & ((new == mask_id).sum(dim=1) >= masks_before)
-    still = new == mask_id
-    score = torch.where(still, result.confidence.double(), torch.full_like(result.confidence, -1.0, dtype=torch.float64))
-    best = torch.zeros_like(still).scatter_(1, score.argmax(dim=1, keepdim=True), True) & still
-    new = torch.where(best & stalled.unsqueeze(1), result.proposal, new)
-    if last:
-        new = torch.where(new == mask_id, result.proposal, new)
-    return new
+    """The engine's contract on the policy's answer, `[R, Lb]` (`samplers.contract`)."""
+    return enforce_step_contract(result, x, candidates, remasks=remasks, last=last, mask_id=mask_id)
 
 
 class UnmaskingScheduler(SchedulerMixin, ConfigMixin):

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from samplers.base import Sampler, StepContext, StepResult
+from samplers.contract import enforce_step_contract, tokens_this_step
 from samplers.registry import SAMPLERS, get_sampler
 
 PREFIX = "dlm-"
@@ -110,28 +111,17 @@ def split_config(sampler_name: str, algorithm_config: dict[str, Any]) -> tuple[d
 
 
 def steps_left_quota(masks_left: torch.Tensor, steps_left: int) -> torch.Tensor:
-    """`[B]` long: tokens to commit now, `ceil(masks_left / steps_left)`, at least 1 where masks remain
-    (the engine's `dlm.schedule.tokens_this_step`, restated because `samplers` does not import `dlm`)."""
-    k = torch.div(masks_left + steps_left - 1, steps_left, rounding_mode="floor")
-    return torch.where(masks_left > 0, k.clamp_min(1), torch.zeros_like(k))
+    """`[B]` long: tokens to commit now (the engine's quota, `samplers.contract.tokens_this_step`)."""
+    return tokens_this_step(masks_left, steps_left)
 
 
 def driver_guarantees(result: StepResult, x: torch.Tensor, candidates: torch.Tensor, last: bool,
                       mask_id: int) -> torch.Tensor:
-    """The engine's guarantees on a non-remasking policy's answer (`dlm.generate`'s contract), `[R, Lb]`:
-    only candidates change; a row with candidates commits at least one (the most confident proposal);
-    the budget's last step fills every mask. Without them a policy that commits nothing would make
-    SGLang's loop spin to its step limit. Masks are counted among candidates only: a prompt token in
-    SGLang's block may be the mask id itself (`dllm_prompt_mask`), and it must stay."""
-    new = torch.where(candidates, result.x, x)
-    still = candidates & (new == mask_id)
-    stalled = candidates.any(dim=1) & (still.sum(dim=1) >= candidates.sum(dim=1))
-    score = torch.where(still, result.confidence.double(), torch.full_like(result.confidence, -1.0, dtype=torch.float64))
-    best = torch.zeros_like(still).scatter_(1, score.argmax(dim=1, keepdim=True), True) & still
-    new = torch.where(best & stalled.unsqueeze(1), result.proposal, new)
-    if last:
-        new = torch.where(candidates & (new == mask_id), result.proposal, new)
-    return new
+    """The engine's guarantees on a non-remasking policy's answer (`samplers.contract`), `[R, Lb]`,
+    filling candidates only: a prompt token in SGLang's block may be the mask id itself
+    (`dllm_prompt_mask`), and it must stay. Without them a policy that commits nothing would make
+    SGLang's loop spin to its step limit."""
+    return enforce_step_contract(result, x, candidates, remasks=False, last=last, mask_id=mask_id, fillable=candidates)
 
 
 class PolicyDriver:
