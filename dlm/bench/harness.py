@@ -266,7 +266,8 @@ class BenchConfig:
 
     `limit`: prompts per task (None: 50 per generated task, every line of a JSONL file, the suite's
     `num_samples` for an oracle suite). `temperature`: None means 0 (greedy) for task suites and 1
-    for oracle suites, whose reference is exact sampling of the oracle's joint.
+    for oracle suites, whose reference is exact sampling of the oracle's joint. `gen_length` /
+    `block_length` None: the model's (`model_lengths`).
     """
 
     model: str = "tiny-dlm"
@@ -274,8 +275,8 @@ class BenchConfig:
     samplers: list = field(default_factory=lambda: ["confidence", "threshold"])
     steps: list = field(default_factory=lambda: [8, 16, 32, 64])
     limit: int | None = None
-    gen_length: int = 64
-    block_length: int = 32
+    gen_length: int | None = 64
+    block_length: int | None = 32
     kv_cache: str = "none"
     batch_size: int = 16
     seed: int = 0
@@ -286,7 +287,9 @@ class BenchConfig:
     warmup: bool = True
 
     def validate(self, check_steps: bool = True) -> None:
-        if self.gen_length <= 0 or self.block_length <= 0 or self.gen_length % self.block_length:
+        """ValueError for a bad option; lengths left None (the model's) are checked once resolved."""
+        lengths = self.gen_length is not None and self.block_length is not None
+        if lengths and (self.gen_length <= 0 or self.block_length <= 0 or self.gen_length % self.block_length):
             raise ValueError(f"--gen-length ({self.gen_length}) must be a positive multiple of --block-length ({self.block_length})")
         if self.kv_cache not in KV_CACHE_MODES:
             raise ValueError(f"--kv-cache must be one of {', '.join(KV_CACHE_MODES)}, got {self.kv_cache!r}")
@@ -296,8 +299,8 @@ class BenchConfig:
             raise ValueError(f"--limit must be >= 0, got {self.limit}")
         if self.temperature is not None and self.temperature < 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
-        num_blocks = self.gen_length // self.block_length
-        small = [s for s in parse_steps(self.steps) if s < num_blocks] if check_steps else []
+        num_blocks = self.gen_length // self.block_length if lengths else 1
+        small = [s for s in parse_steps(self.steps) if s < num_blocks] if check_steps and lengths else []
         if small:
             raise ValueError(f"--steps {small} below the number of blocks ({num_blocks}): each block needs at least one step")
 
@@ -448,6 +451,16 @@ def _engine_key(spec: SamplerSpec, cfg: BenchConfig) -> str:
     return spec.name if spec.is_external else f"dlm/{spec.kv_cache or cfg.kv_cache}"
 
 
+def model_lengths(model) -> tuple[int, int]:
+    """Default `(gen_length, block_length)` for a model: a DiffusionGemma's generation_config
+    `max_new_tokens` (64 if unset) and its `canvas_length`; 64 and 32 for a masked model."""
+    from dlm.uniform_noise import is_uniform_noise_model, resolve_generation_config
+
+    if not is_uniform_noise_model(model):
+        return 64, 32
+    return resolve_generation_config(model, None).max_new_tokens or 64, int(model.config.canvas_length)
+
+
 def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=None, journal=None) -> BenchResult:
     """Run every (sampler, budget) pair of `cfg` on the same prompts; see the module docstring.
 
@@ -459,14 +472,19 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
     specs = parse_sampler_specs(cfg.samplers)
     budgets = parse_steps(cfg.steps)
     if oracle_suite is not None:
-        return _run_oracle(cfg, oracle_suite, specs, budgets, progress, journal)
-    check_spec_blocks(specs, cfg, budgets)
+        return _run_oracle(_with(cfg, gen_length=cfg.gen_length or 64, block_length=cfg.block_length or 32),
+                           oracle_suite, specs, budgets, progress, journal)
     tasks = resolve_suite(cfg.suite, cfg.extractor)
     examples = collect_examples(tasks, cfg.limit, cfg.seed)
     ids = {}
     if model is None:
         model, tokenizer, ids = load_model(cfg.model, device=cfg.device)
     model.eval()
+    if cfg.gen_length is None or cfg.block_length is None:
+        gen, block = model_lengths(model)
+        cfg = _with(cfg, gen_length=cfg.gen_length or gen, block_length=cfg.block_length or block)
+        cfg.validate()
+    check_spec_blocks(specs, cfg, budgets)
     device = torch.device(cfg.device)
     cfg = _with(cfg, temperature=0.0 if cfg.temperature is None else cfg.temperature)
     runner = _Runner(model, tokenizer, cfg, ids)

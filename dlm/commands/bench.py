@@ -39,8 +39,10 @@ def register(subparsers) -> None:
     p.add_argument("--limit", type=_limit, default=None,
                    help="prompts per task (default: 50 per task, every JSONL line, 4096 oracle samples)")
     p.add_argument("--out", default=None, help="output directory (default: runs/bench-<suite>)")
-    p.add_argument("--gen-length", type=positive_int, default=64, help="tokens to generate (default: 64)")
-    p.add_argument("--block-length", type=positive_int, default=32, help="block size (default: 32)")
+    p.add_argument("--gen-length", type=positive_int, default=None,
+                   help="tokens to generate (default: 64; a DiffusionGemma's generation_config max_new_tokens)")
+    p.add_argument("--block-length", type=positive_int, default=None,
+                   help="block size (default: 32; a DiffusionGemma's canvas_length)")
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default="none",
                    help="KV cache for entries without kv= (default: none)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per batched call (default: 16)")

@@ -53,8 +53,7 @@ def _batch(tok, texts):
 def test_bench_runs_our_samplers_and_the_external_rows_on_one_run(dgemma_dir, tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["bench", "--model", dgemma_dir, "--suite", "copy", "--samplers", f"threshold,entropy_bound,{ROWS}",
-               "--steps", "8,32", "--limit", "2", "--gen-length", "32", "--block-length", "16", "--batch-size", "2",
-               "--out", str(out), "--json"])
+               "--steps", "8,32", "--limit", "2", "--batch-size", "2", "--out", str(out), "--json"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     pairs = {(p["sampler"], p["budget"]): p for p in json.loads(captured.out)["pairs"]}
@@ -68,6 +67,8 @@ def test_bench_runs_our_samplers_and_the_external_rows_on_one_run(dgemma_dir, tm
         if engines[name] == "dlm" and name != "dlm-exact":
             assert p["nfe"] <= budget  # our samplers keep the step budget
     full = json.loads((out / "results.json").read_text())
+    # lengths default to the model's: generation_config max_new_tokens and canvas_length
+    assert (full["config"]["gen_length"], full["config"]["block_length"]) == (32, 16)
     samples = {(p["sampler"], p["budget"]): p["samples"] for p in full["pairs"]}
     for budget in (8, 32):  # same prompts and seeds: the exact engine writes transformers' answers
         assert samples[("dlm-exact", budget)] == samples[("transformers-diffusiongemma", budget)]
