@@ -60,6 +60,8 @@ def run(args) -> int:
                           "seconds": round(out.seconds, 4)}))
     else:
         print(text)
-        print(f"[{args.model} | {sampler} | nfe {out.nfe} | {out.tpf:.2f} tokens/forward | {out.seconds:.2f} s]",
-              file=sys.stderr)
+        # the forwards beside what one-token-per-step decoding of the same length would take
+        generated = out.sequences.shape[1] - out.prompt_length
+        print(f"[{args.model} | {sampler} | nfe {out.nfe} of {generated} at one token per step | "
+              f"{out.tpf:.2f} tokens/forward | {out.seconds:.2f} s]", file=sys.stderr)
     return 0
