@@ -30,7 +30,7 @@ class DecodingConfig:
     None means "the model family's default": gen_length 64 tokens on a masked model and the
     generation config's `max_new_tokens` on a uniform-noise one; block_length the whole generation
     (masked) or the canvas (uniform); steps one token per forward (masked) or the generation
-    config's `max_denoising_steps` per canvas (uniform); sampler `confidence` (masked) or
+    config's `max_denoising_steps` per canvas (uniform); sampler `threshold` (masked; with kv_cache "auto", the default) or
     transformers' own DiffusionGemma rule from the generation config (uniform).
     """
 
@@ -43,7 +43,7 @@ class DecodingConfig:
     mask_token_id: int | None = None
     eos_token_id: int | None = None
     generator: torch.Generator | None = None
-    kv_cache: str = "none"
+    kv_cache: str = "auto"
     cache_refresh_every: int = 0
     cfg_scale: float = 0.0
     cache_across_blocks: bool = False

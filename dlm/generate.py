@@ -34,7 +34,7 @@ def generate(
     eos_token_id: int | None = None,
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
-    kv_cache: str = "none",
+    kv_cache: str = "auto",
     cache_refresh_every: int = 0,
     cfg_scale: float = 0.0,
     cache_across_blocks: bool = False,
@@ -78,7 +78,7 @@ def generate(
             against the same budget, one pass per batched call; the driver offers `ctx.forward`
             only while the block has a pass to spare, so the budget holds for them too.
         sampler: registry name or `Sampler` object; `sampler_config` overrides its config by name.
-            Default (None): `confidence` on a masked model, transformers' rule on a uniform-noise one.
+            Default (None): `threshold` on a masked model (within 1 point of one token per step on the built-in model, docs/dlm.md "Defaults"), transformers' rule on a uniform-noise one.
         generation_config: a `DiffusionGemmaGenerationConfig` (uniform-noise models only): lengths,
             EOS/pad ids, `max_denoising_steps`, the entropy bound, temperatures, adaptive stopping.
             An ensemble (`"hex"`) runs its experts through `dlm.ensemble` and ignores `block_length`.
@@ -95,7 +95,7 @@ def generate(
             `prompt_attends_response=False`), the prefix cache's approximation, confined to the
             prompt, otherwise. "auto": "prompt" where that is exact (the model declares a prompt
             blind to the response, see `DLMAdapter.prompt_ignores_response`), "none" elsewhere;
-            always the uncached engine's tokens.
+            always the uncached engine's tokens. The default.
         cache_across_blocks: with a KV cache, start each block after the first by extending the
             previous block's cache instead of a full forward: only the previous block (now decoded)
             and what follows it are recomputed, the prompt's and earlier blocks' K/V are reused.

@@ -104,14 +104,14 @@ class DLMPipeline:
 
     def __call__(self, prompt: str | list[str], num_inference_steps: int | None = None, *, gen_length: int = 64,
                  block_length: int | None = None, sampler=None, temperature: float = 0.0,
-                 generator: torch.Generator | None = None, kv_cache: str = "none", eos_early_stop: bool | None = None,
+                 generator: torch.Generator | None = None, kv_cache: str = "auto", eos_early_stop: bool | None = None,
                  use_chat_template: bool | None = None, progress: bool = False, **generate_kwargs: Any) -> DLMPipelineOutput:
         """Generate a response for each prompt.
 
         `num_inference_steps` is the forward-pass budget (default: `gen_length`, one token per
         step); the other arguments are those of `dlm.generate` (same defaults: `eos_early_stop`
         is on when the model's EOS id is known; `sampler=None` is the model family's default,
-        `confidence` on a masked model and transformers' own rule on DiffusionGemma, whose
+        `threshold` on a masked model and transformers' own rule on DiffusionGemma, whose
         generation config then also gives the step budget and the EOS ids).
         """
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)

@@ -16,7 +16,7 @@ def register(subparsers) -> None:
                                           f"the built-in tiny model answers {DEFAULT_PROMPT!r}.")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"the prompt (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--sampler", default=None,
-                   help="step policy, name[:key=value...] e.g. threshold:tau=0.8 (default: the model's: confidence "
+                   help="step policy, name[:key=value...] e.g. threshold:tau=0.8 (default: the model's: threshold "
                         "on a masked model, transformers' own rule on DiffusionGemma); `dlm models --samplers` lists them")
     p.add_argument("--steps", type=positive_int, default=None, help="forward-pass budget (default: gen-length, one token per step)")
     add_decoding_arguments(p)
@@ -42,7 +42,7 @@ def run(args) -> int:
     from dlm.uniform_noise import is_uniform_noise_model
 
     uniform = is_uniform_noise_model(pipe.model)
-    sampler = args.sampler if args.sampler is not None else ("diffusiongemma" if uniform else "confidence")
+    sampler = args.sampler if args.sampler is not None else ("diffusiongemma" if uniform else "threshold")
     generator = seeded_generator(args.seed)
     if uniform and args.sampler is None:
         # transformers' rule draws from the global RNG, as model.generate does: seed that instead

@@ -45,11 +45,11 @@ def _reference(model, ids, **kw):
 def test_finished_rows_leave_the_batch_inside_a_block():
     ids = torch.arange(3).unsqueeze(1).repeat(1, 4)
     model = RowEos(prompt_length=4, n=[1, 3, 6])
-    out = dlm.generate(model, ids, gen_length=8, block_length=8, steps=8, eos_early_stop=True)
+    out = dlm.generate(model, ids, gen_length=8, block_length=8, steps=8, eos_early_stop=True, sampler="confidence")
     # Row r is fixed after n[r] + 1 one-token steps (ties commit left to right).
     assert [len(r) for r in model.rows_seen] == [3, 3, 2, 2, 1, 1, 1]
     assert out.nfe == 7
-    assert torch.equal(out.sequences, _reference(RowEos(4, [1, 3, 6]), ids, gen_length=8, block_length=8, steps=8))
+    assert torch.equal(out.sequences, _reference(RowEos(4, [1, 3, 6]), ids, gen_length=8, block_length=8, steps=8, sampler="confidence"))
 
 
 def _eos_heavy_toy(seed: int, factor: float = 3.0) -> ToyDLM:

@@ -98,22 +98,22 @@ class EosAfter(torch.nn.Module):
 
 def test_eos_early_stop_skips_the_remaining_blocks():
     model = EosAfter(prompt_length=4, n=3)
-    out = dlm.generate(model, PROMPT, gen_length=32, block_length=8, steps=32, eos_early_stop=True)
+    out = dlm.generate(model, PROMPT, gen_length=32, block_length=8, steps=32, eos_early_stop=True, sampler="confidence")
     assert out.sequences[0, 4:7].tolist() == [5, 5, 5]
     assert (out.sequences[0, 7:] == 8).all()
     # Only the first block is decoded, and only until its answer is fixed: ties commit left to right,
     # so after 4 steps the block reads 5 5 5 EOS with nothing masked before the EOS.
     assert out.nfe == 4
-    plain = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32, eos_early_stop=False)
+    plain = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32, eos_early_stop=False, sampler="confidence")
     assert plain.nfe == 32 and torch.equal(plain.sequences, out.sequences)
-    default = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32)
+    default = dlm.generate(EosAfter(4, 3), PROMPT, gen_length=32, block_length=8, steps=32, sampler="confidence")
     assert default.nfe == 4  # on by default when the EOS id is known
 
 
 def test_finished_rows_leave_the_batch():
     model = EosAfter(prompt_length=4, n=3)
     prompts = PROMPT.repeat(2, 1)
-    dlm.generate(model, prompts, gen_length=16, block_length=8, steps=16, eos_early_stop=True)
+    dlm.generate(model, prompts, gen_length=16, block_length=8, steps=16, eos_early_stop=True, sampler="confidence")
     # Both rows are fixed after 4 steps of block 0 (5 5 5 EOS); no call for the rest or block 1.
     assert model.rows_seen == [2] * 4
 

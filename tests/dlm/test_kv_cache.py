@@ -169,7 +169,7 @@ def test_prompt_cache_decodes_exactly_like_no_cache_over_several_blocks(prompt_o
     mask = (ids != 0).long()
     kw = dict(gen_length=24, block_length=8, steps=12, sampler=sampler, attention_mask=mask, cut_trailing_masks=cut,
               eos_early_stop=False)
-    plain = dlm.generate(model, ids, **kw)
+    plain = dlm.generate(model, ids, kv_cache="none", **kw)
     cached = dlm.generate(model, ids, kv_cache="prompt", return_trace=True, **kw)
     assert torch.equal(plain.sequences, cached.sequences) and plain.nfe == cached.nfe
     assert [t.full_forward for t in cached.trace].count(True) == 1
@@ -193,7 +193,7 @@ def test_prompt_cache_with_rows_leaving_at_eos_matches_no_cache(prompt_only_mode
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     kw = dict(gen_length=24, block_length=8, steps=24, attention_mask=(ids != 0).long(),
               eos_token_id=tok.encode("6")[0], return_trace=True)
-    plain = dlm.generate(model, ids, **kw)
+    plain = dlm.generate(model, ids, kv_cache="none", **kw)
     last_block = {}
     for t in plain.trace:
         for r in t.rows.tolist():
@@ -207,7 +207,7 @@ def test_prompt_cache_serves_lookahead_branches_exactly(prompt_only_model):
     model, tok = prompt_only_model
     ids = torch.tensor([tok.encode("copy: ana bo\n"), tok.encode("sort: tom bo\n")])
     kw = dict(gen_length=16, block_length=8, steps=8, sampler="lopa")
-    plain, cached = dlm.generate(model, ids, **kw), dlm.generate(model, ids, kv_cache="prompt", **kw)
+    plain, cached = dlm.generate(model, ids, kv_cache="none", **kw), dlm.generate(model, ids, kv_cache="prompt", **kw)
     assert torch.equal(plain.sequences, cached.sequences)
     assert (plain.nfe, plain.branch_forwards) == (cached.nfe, cached.branch_forwards) and cached.branch_forwards > plain.nfe
     assert cached.forward_tokens < plain.forward_tokens
@@ -217,10 +217,10 @@ def test_prompt_cache_is_an_approximation_on_a_bidirectional_model(restart_model
     model, tok = restart_model
     ids = torch.tensor([tok.encode("copy: ana bo\n")])
     kw = dict(gen_length=16, block_length=8, steps=16)
-    assert not torch.equal(dlm.generate(model, ids, **kw).sequences,
+    assert not torch.equal(dlm.generate(model, ids, kv_cache="none", **kw).sequences,
                            dlm.generate(model, ids, kv_cache="prompt", **kw).sequences)
     refreshed = dlm.generate(model, ids, kv_cache="prompt", cache_refresh_every=1, **kw)
-    assert torch.equal(dlm.generate(model, ids, **kw).sequences, refreshed.sequences)
+    assert torch.equal(dlm.generate(model, ids, kv_cache="none", **kw).sequences, refreshed.sequences)
 
 
 def test_prompt_cache_refuses_cache_across_blocks(prompt_only_model):
@@ -242,7 +242,7 @@ def test_shipped_tiny_dlm_is_prompt_causal_and_its_prompt_cache_is_exact():
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     kw = dict(gen_length=64, block_length=32, steps=32, attention_mask=(ids != tok.pad_token_id).long())
     for sampler in ("confidence", "threshold"):
-        plain = dlm.generate(model, ids, sampler=sampler, **kw)
+        plain = dlm.generate(model, ids, sampler=sampler, kv_cache="none", **kw)
         cached = dlm.generate(model, ids, sampler=sampler, kv_cache="prompt", **kw)
         assert torch.equal(plain.sequences, cached.sequences) and plain.nfe == cached.nfe
         assert cached.forward_tokens < plain.forward_tokens
@@ -261,7 +261,7 @@ def test_auto_cache_is_the_prompt_cache_on_a_prompt_blind_model(prompt_only_mode
     kw = dict(gen_length=16, block_length=8, steps=8)
     auto, prompt = _auto_vs(model, ids, "prompt", **kw)
     assert torch.equal(auto.sequences, prompt.sequences) and auto.forward_tokens == prompt.forward_tokens
-    assert auto.forward_tokens < dlm.generate(model, ids, **kw).forward_tokens
+    assert auto.forward_tokens < dlm.generate(model, ids, kv_cache="none", **kw).forward_tokens
 
 
 def test_auto_cache_is_no_cache_where_the_prompt_cache_would_approximate(restart_model):

@@ -197,7 +197,7 @@ def test_no_progress_bars_when_stderr_is_not_a_terminal():
                            "--block-length", "32"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "Loading weights" not in proc.stderr and "it/s" not in proc.stderr and "nfe/s" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("[tiny-dlm | confidence | nfe")
+    assert proc.stderr.strip().splitlines()[-1].startswith("[tiny-dlm | threshold | nfe")
 
 
 def test_image_grid_is_labelled_and_readable():
