@@ -91,6 +91,6 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-length", type=positive_int, default=None, help="semi-autoregressive block size (default: gen-length)")
     parser.add_argument("--temperature", type=temperature_value, default=0.0, help="0 is greedy (default: 0)")
     parser.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default="auto", help="KV cache: Fast-dLLM's prefix or dual, or prompt (the prompt's K/V only; exact for a "
-                        "model whose prompt ignores the response), or auto (prompt where exact, else none) (default: none)")
+                        "model whose prompt ignores the response), or auto (prompt where exact, else none) (default: auto)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     parser.add_argument("--device", type=device_value, default="cpu", help="torch device (default: cpu)")
