@@ -5,19 +5,17 @@ Fast-dLLM (Wu et al., 2025) and dInfer's EOS early stop. The step policy is a `s
 """
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
 from dlm.adapters import DLMAdapter
-from dlm.decoding_config import KV_CACHE_MODES, DecodingConfig  # noqa: F401  (KV_CACHE_MODES re-exported)
-from dlm.outputs import GenerateOutput, NonFiniteLogitsError, StepTrace, nonfinite_positions, raise_nonfinite  # noqa: F401
+from dlm.decoding_config import DecodingConfig
+from dlm.outputs import GenerateOutput, StepTrace, nonfinite_positions, raise_nonfinite
 from dlm.schedule import block_budget, tokens_this_step, validate_lengths
-from samplers import Sampler, StepContext, get_sampler
+from samplers import StepContext, get_sampler
 from samplers.contract import enforce_step_contract
 
 # The masked default: the fastest setting within 1 point of one-token-per-step decoding on the built-in
@@ -292,11 +290,7 @@ class _LookaheadForward:
     def __call__(self, candidates: torch.Tensor) -> torch.Tensor:
         """candidates: `[R, k, Lb]` long block tokens. Returns aligned logits `[R, k, Lb, V]`."""
         R, Lb = self.x_rows.shape[0], self.end - self.start
-        if candidates.dim() != 3 or candidates.shape[0] != R or candidates.shape[2] != Lb or candidates.dtype != torch.long:
-            raise ValueError(f"ctx.forward needs candidates of shape [{R}, k, {Lb}] (torch.long), got "
-                             f"{tuple(candidates.shape)} {candidates.dtype}")
-        if self.left <= 0:
-            raise RuntimeError("ctx.forward: the block's step budget is spent; check ctx.forwards_left before calling")
+        check_lookahead_call(candidates, R, Lb, self.left, "block")
         k = candidates.shape[1]
         x = self.x_rows.repeat_interleave(k, dim=0)
         x[:, self.start:self.end] = candidates.reshape(R * k, Lb)
@@ -305,6 +299,17 @@ class _LookaheadForward:
         self.calls += 1
         self.branches += k
         return logits.reshape(R, k, Lb, -1)
+
+
+def check_lookahead_call(candidates: torch.Tensor, rows: int, block_length: int, left: int, unit: str) -> None:
+    """What every driver's `ctx.forward` refuses: candidates not `[rows, k, block_length]` long, or a
+    call past the `unit`'s step budget."""
+    shape_ok = candidates.dim() == 3 and candidates.shape[0] == rows and candidates.shape[2] == block_length
+    if not shape_ok or candidates.dtype != torch.long:
+        raise ValueError(f"ctx.forward needs candidates of shape [{rows}, k, {block_length}] (torch.long), got "
+                         f"{tuple(candidates.shape)} {candidates.dtype}")
+    if left <= 0:
+        raise RuntimeError(f"ctx.forward: the {unit}'s step budget is spent; check ctx.forwards_left before calling")
 
 
 def _full_attention(attention_mask, gen_length):

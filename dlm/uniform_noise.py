@@ -39,6 +39,7 @@ from typing import Any, Callable
 import torch
 
 from dlm.outputs import GenerateOutput, StepTrace, nonfinite_positions, raise_nonfinite
+from dlm.masked_loop import check_lookahead_call
 from dlm.schedule import block_budget, tokens_this_step
 from samplers import Sampler, StepContext
 from samplers.unmasking.entropy_bound import (EntropyBoundConfig, StableConfidentStop, categorical_entropy,
@@ -175,7 +176,7 @@ class EntropyBoundRule:
     def start(self, batch: int, device: torch.device, finished_sequences: torch.Tensor) -> None:
         self.batch = batch
         self.canvas = torch.randint(0, self.V, (batch, self.C), device=device, generator=self.generator)
-        self.argmax = self.canvas
+        self.argmax = self.canvas.clone()  # its own tensor: per-row updates below write in place
         self.self_conditioning = None  # [B, C, V] after the first step
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         if self.stop is not None:
@@ -220,7 +221,6 @@ class EntropyBoundRule:
             self.canvas, self.argmax = new_canvas, new_argmax
             self.self_conditioning = processed.to(self.embed_dtype)
         else:
-            self.canvas, self.argmax = self.canvas.clone(), self.argmax.clone()
             self.canvas[rows], self.argmax[rows] = new_canvas, new_argmax
             self.self_conditioning[rows] = processed.to(self.embed_dtype)
         if self.stop is not None:
@@ -327,7 +327,8 @@ class AcceptRule:
         if self.self_conditioning is None:
             self.self_conditioning = logits.new_zeros((self.batch, self.C, self.V), dtype=self.embed_dtype)
         self.self_conditioning[rows] = (logits / temperature).to(self.embed_dtype)
-        self.last_trace = (masks_left - (new_block == UNACCEPTED).sum(dim=1), (new_block == UNACCEPTED).sum(dim=1))
+        left = (new_block == UNACCEPTED).sum(dim=1)
+        self.last_trace = (masks_left - left, left)  # accepted this step, left in the sub-block
         self._advance_sub_block()
         return extra, (0 if lookahead is None else lookahead.branches)
 
@@ -363,11 +364,7 @@ class _CanvasLookahead:
 
     def __call__(self, candidates: torch.Tensor) -> torch.Tensor:
         R, Lb = self.x_full.shape[0], self.hi - self.lo
-        if candidates.dim() != 3 or candidates.shape[0] != R or candidates.shape[2] != Lb or candidates.dtype != torch.long:
-            raise ValueError(f"ctx.forward needs candidates of shape [{R}, k, {Lb}] (torch.long), got "
-                             f"{tuple(candidates.shape)} {candidates.dtype}")
-        if self.left <= 0:
-            raise RuntimeError("ctx.forward: the canvas's step budget is spent; check ctx.forwards_left before calling")
+        check_lookahead_call(candidates, R, Lb, self.left, "canvas")
         k = candidates.shape[1]
         x = self.x_full.repeat_interleave(k, dim=0)
         x[:, self.lo:self.hi] = candidates.reshape(R * k, Lb)

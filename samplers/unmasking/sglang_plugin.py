@@ -83,6 +83,17 @@ def refusal(cls: type[Sampler]) -> str | None:
     return None
 
 
+def registered_sampler(sampler_name: str) -> type[Sampler]:
+    """The sampler class for `sampler_name`; ValueError when unknown or unable to run in SGLang's loop."""
+    cls = SAMPLERS.get(sampler_name)
+    if cls is None:
+        raise ValueError(f"unknown sampler {sampler_name!r}; SGLang algorithms: {', '.join(algorithm_names())}")
+    reason = refusal(cls)
+    if reason is not None:
+        raise ValueError(reason)
+    return cls
+
+
 def algorithm_names() -> dict[str, str]:
     """`{SGLang algorithm name: sampler name}` for every sampler that runs inside SGLang."""
     return {PREFIX + name: name for name, cls in sorted(SAMPLERS.items()) if refusal(cls) is None}
@@ -132,12 +143,7 @@ class PolicyDriver:
     """
 
     def __init__(self, sampler_name: str, algorithm_config: dict[str, Any], block_size: int, mask_id: int):
-        cls = SAMPLERS.get(sampler_name)
-        if cls is None:
-            raise ValueError(f"unknown sampler {sampler_name!r}; SGLang algorithms: {', '.join(algorithm_names())}")
-        reason = refusal(cls)
-        if reason is not None:
-            raise ValueError(reason)
+        registered_sampler(sampler_name)
         if isinstance(mask_id, bool) or not isinstance(mask_id, int) or mask_id < 0:
             # SGLang gives mask_id -1 for DiffusionGemma (uniform noise, no mask token), which it serves
             # with its own Gemma4Renoise only.
@@ -229,12 +235,7 @@ def algorithm_class(algorithm_name: str):
     if not algorithm_name.startswith(PREFIX):
         raise ValueError(f"SGLang algorithm names of this package start with {PREFIX!r}, got {algorithm_name!r}")
     sampler_name = algorithm_name[len(PREFIX):]
-    cls = SAMPLERS.get(sampler_name)
-    if cls is None:
-        raise ValueError(f"unknown sampler {sampler_name!r}; SGLang algorithms: {', '.join(algorithm_names())}")
-    reason = refusal(cls)
-    if reason is not None:
-        raise ValueError(reason)
+    registered_sampler(sampler_name)
     from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 
     def __init__(self, config):
