@@ -47,7 +47,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlm.generate import generate  # noqa: E402
-from dlm.tasks import PROMPT_SUFFIX, get_suite, split_of  # noqa: E402
+from dlm.tasks import CHAIN_GEN_LENGTH, PROMPT_SUFFIX, SUITES, get_suite, split_of  # noqa: E402
 from dlm.tasks.arithmetic import ArithmeticDrill, pad_numbers  # noqa: E402
 from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel  # noqa: E402
 
@@ -68,6 +68,18 @@ def task_weights(overrides: str) -> dict[str, float]:
         name, _, value = item.partition("=")
         if name not in weights or not value:
             raise ValueError(f"--task-weights: bad entry {item!r}; use name=weight with a name from {sorted(weights)}")
+        weights[name] = float(value)
+    return weights
+
+
+def chain_weights(overrides: str) -> dict[str, float]:
+    """Sampling weights of the chains tasks ('name=weight,...'; unnamed tasks weigh 1)."""
+    names = set(SUITES["chains"])
+    weights = {}
+    for item in filter(None, (part.strip() for part in overrides.split(","))):
+        name, _, value = item.partition("=")
+        if name not in names or not value:
+            raise ValueError(f"--chains-weights: bad entry {item!r}; use name=weight with a name from {sorted(names)}")
         weights[name] = float(value)
     return weights
 
@@ -111,8 +123,12 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
                 full_mask: float = 0.0, min_mask_ratio: float = 0.5, loss_weighting: str = "mean",
                 mask_ratio_power: float = 1.0, eos_revealed: float = 0.0,
                 semi_ar_blocks: tuple[int, ...] = (8, 16, 32), arithmetic_format: str = "plain",
-                result_mask: float = 0.0, row_tasks: list | None = None, row_examples: list | None = None):
+                result_mask: float = 0.0, row_tasks: list | None = None, row_examples: list | None = None,
+                response_len: int = RESPONSE_LEN):
     """Returns input ids [B, L], clean targets [B, L], key mask [B, L], loss weights [B, L].
+
+    `response_len`: the full response length R (64 for the short suites; the `chains` suite's
+    batches use its 128-token generation length, see `--chains-share`).
 
     `row_tasks`: if a list is given, each row's task name is appended to it (row order).
     `row_examples`: likewise, each row's `(task, Example)`.
@@ -139,13 +155,13 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
         answer = pad_numbers(ex.answer) if arithmetic_format == "padded" and arithmetic else ex.answer
         a = tok.encode(answer)
         results.append(result_span(answer, a, rng) if arithmetic and rng.random() < result_mask else None)
-        assert len(a) < RESPONSE_LEN, ex
+        assert len(a) < response_len, ex
         prompts.append(tok.encode(p))
-        responses.append(a + [tok.eos_token_id] * (RESPONSE_LEN - len(a)))
+        responses.append(a + [tok.eos_token_id] * (response_len - len(a)))
     P = max(len(p) for p in prompts)
-    B, R = batch_size, RESPONSE_LEN
+    B, R = batch_size, response_len
     if rng.random() < short_resp:
-        R = min(RESPONSE_LEN, max(len(r) - r.count(tok.eos_token_id) for r in responses)
+        R = min(response_len, max(len(r) - r.count(tok.eos_token_id) for r in responses)
                 + rng.randint(1, 8))
         responses = [r[:R] for r in responses]
     clean = torch.full((B, P + R), tok.pad_token_id, dtype=torch.long)
@@ -462,6 +478,14 @@ def main(argv=None):
     ap.add_argument("--short-resp", type=float, default=0.5,
                     help="fraction of batches trained with a response cut to answer + 1-8 EOS")
     ap.add_argument("--tasks", default="all")
+    ap.add_argument("--chains-share", type=float, default=0.0,
+                    help="share of batches drawn from the `chains` suite (long sequential answers, "
+                         "response length 128) instead of --tasks; 0: none")
+    ap.add_argument("--chains-weights", default="",
+                    help="sampling weights within the chains batches, e.g. 'running_sum=1,follow=1'")
+    ap.add_argument("--max-positions", type=int, default=192,
+                    help="max_position_embeddings of the config (raised on an --init checkpoint too): "
+                         "prompt plus response must fit; chains need 320")
     ap.add_argument("--arith-drill", type=float, default=0.0,
                     help="weight of one-operation arithmetic drills (dlm.tasks.arithmetic.ArithmeticDrill, "
                          "training only) added to the task mix; 0: none")
@@ -527,10 +551,13 @@ def main(argv=None):
     print(f"vocabulary {tok.vocab_size} tokens ({len(tok.words)} whole words)", flush=True)
     weight_of = task_weights(args.task_weights)
     weights = [args.arith_drill if t.name == ArithmeticDrill.name else weight_of.get(t.name, 1.0) for t in tasks]
+    chain_tasks = get_suite("chains") if args.chains_share > 0 else []
+    chain_weight_of = chain_weights(args.chains_weights)
+    chain_task_weights = [chain_weight_of.get(t.name, 1.0) for t in chain_tasks]
     cfg = TinyDLMConfig(
         vocab_size=tok.vocab_size, hidden_size=args.hidden_size, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, intermediate_size=args.intermediate,
-        max_position_embeddings=192, mask_token_id=tok.mask_token_id,
+        max_position_embeddings=args.max_positions, mask_token_id=tok.mask_token_id,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         position_restart_token_id=tok.encode(PROMPT_SUFFIX)[0] if args.restart_positions else None)
     if args.init and resumed is None:
@@ -539,6 +566,8 @@ def main(argv=None):
         model = TinyDLMModel(cfg)
     if args.prompt_causal:
         model.config.prompt_attends_response = False
+    # Rotary positions are computed on the fly, so the limit is only the config's length check.
+    model.config.max_position_embeddings = max(model.config.max_position_embeddings, args.max_positions)
     if resumed is not None:
         model.load_state_dict(resumed["model"])
     device = torch.device(args.device)
@@ -577,12 +606,15 @@ def main(argv=None):
         for g in opt.param_groups:
             g["lr"] = lr
         row_examples: list = []  # (task, Example) per row: rollout picks rows by task, soft targets read the example
-        x, clean, att, w, P = build_batch(tasks, weights, tok, rng, args.batch_size,
+        chains_batch = bool(chain_tasks) and rng.random() < args.chains_share
+        batch_tasks, batch_weights = (chain_tasks, chain_task_weights) if chains_batch else (tasks, weights)
+        x, clean, att, w, P = build_batch(batch_tasks, batch_weights, tok, rng, args.batch_size,
                                           args.semi_ar, args.no_sep, gen, args.short_resp,
                                           args.full_mask, args.min_mask_ratio, args.loss_weighting,
                                           args.mask_ratio_power, args.eos_revealed,
                                           tuple(int(b) for b in args.semi_ar_blocks.split(",")),
-                                          args.arithmetic_format, args.result_mask, row_examples=row_examples)
+                                          args.arithmetic_format, args.result_mask, row_examples=row_examples,
+                                          response_len=CHAIN_GEN_LENGTH if chains_batch else RESPONSE_LEN)
         x, clean, att, w = (v.to(device) for v in (x, clean, att, w))
         if args.order_rollout > 0:
             rows = rollout_rows([task.name for task, _ in row_examples], rollout_tasks, args.order_rollout, rng)

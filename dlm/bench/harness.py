@@ -482,6 +482,10 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
     model.eval()
     if cfg.gen_length is None or cfg.block_length is None:
         gen, block = model_lengths(model)
+        from dlm.uniform_noise import is_uniform_noise_model
+
+        if not is_uniform_noise_model(model):  # a suite with long answers (chains) sets its own length
+            gen = max([gen] + [getattr(t, "gen_length", gen) for t in tasks])
         cfg = _with(cfg, gen_length=cfg.gen_length or gen, block_length=cfg.block_length or block)
         cfg.validate()
     check_spec_blocks(specs, cfg, budgets)

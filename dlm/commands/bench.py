@@ -26,7 +26,7 @@ def register(subparsers) -> None:
                     "per forward, tokens/s, seconds and peak memory; write results.json, results.csv and plots.")
     p.add_argument("--model", default="tiny-dlm", help="built-in name or checkpoint path (default: tiny-dlm)")
     p.add_argument("--suite", default="list_edits",
-                   help="task suite (list_edits, arithmetic, puzzles, all), a task name (copy, shuffle, ...), "
+                   help="task suite (list_edits, arithmetic, puzzles, all, chains), a task name (copy, shuffle, ...), "
                         "an oracle suite (oracle-permutation, oracle-hmm) or jsonl:PATH (default: list_edits)")
     p.add_argument("--samplers", default="confidence,threshold",
                    help="comma-separated entries name[:key=value...]; kv=none|prefix|dual|prompt picks the cache per entry, "
@@ -40,7 +40,8 @@ def register(subparsers) -> None:
                    help="prompts per task (default: 50 per task, every JSONL line, 4096 oracle samples)")
     p.add_argument("--out", default=None, help="output directory (default: runs/bench-<suite>)")
     p.add_argument("--gen-length", type=positive_int, default=None,
-                   help="tokens to generate (default: 64; a DiffusionGemma's generation_config max_new_tokens)")
+                   help="tokens to generate (default: the suite's own length, 64 for the short suites and 128 "
+                        "for chains; a DiffusionGemma's generation_config max_new_tokens)")
     p.add_argument("--block-length", type=positive_int, default=None,
                    help="block size (default: 32; a DiffusionGemma's canvas_length)")
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default="none",

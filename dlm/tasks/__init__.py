@@ -5,18 +5,21 @@
         text = my_model(ex.input_text)   # ex.prompt + "\\n" for the built-in tiny model
         ok = task.score(ex, text)        # 1.0 correct/valid, 0.0 not
 
-Suites: "list_edits", "arithmetic", "puzzles", "all".
+Suites: "list_edits", "arithmetic", "puzzles", "all" (those three), and "chains" (long sequential
+answers generated in 128 tokens: `suite_gen_length`).
 """
 from __future__ import annotations
 
 from .arithmetic import Arithmetic, extract_number
 from .base import (MAX_ANSWER_CHARS, MAX_PROMPT_CHARS, PROMPT_SUFFIX, Example, Task,
                    format_prompt, split_of)
+from .chains import CHAIN_GEN_LENGTH, CHAIN_TASKS
 from .list_edits import LIST_EDIT_TASKS, NAMES
 from .puzzles import Latin, Sudoku
 
 _TASK_CLASSES = {cls.op: cls for cls in LIST_EDIT_TASKS}
 _TASK_CLASSES.update({"arithmetic": Arithmetic, "sudoku": Sudoku, "latin": Latin})
+_TASK_CLASSES.update({cls.name: cls for cls in CHAIN_TASKS})
 
 TASK_NAMES = tuple(_TASK_CLASSES)
 
@@ -26,6 +29,14 @@ SUITES: dict[str, tuple[str, ...]] = {
     "puzzles": ("sudoku", "latin"),
 }
 SUITES["all"] = SUITES["list_edits"] + SUITES["arithmetic"] + SUITES["puzzles"]
+SUITES["chains"] = tuple(cls.name for cls in CHAIN_TASKS)
+
+DEFAULT_GEN_LENGTH = 64  # every answer of the short suites plus one EOS fits
+
+
+def suite_gen_length(name: str) -> int:
+    """Generation length a suite (or task) needs: the longest of its tasks' `gen_length`."""
+    return max(getattr(task, "gen_length", DEFAULT_GEN_LENGTH) for task in get_suite(name))
 
 
 def get_task(name: str) -> Task:
@@ -48,4 +59,4 @@ def get_suite(name: str) -> list[Task]:
 
 __all__ = ["Example", "Task", "SUITES", "TASK_NAMES", "get_task", "get_suite", "split_of",
            "format_prompt", "PROMPT_SUFFIX", "MAX_ANSWER_CHARS", "MAX_PROMPT_CHARS",
-           "extract_number", "NAMES"]
+           "extract_number", "NAMES", "suite_gen_length", "DEFAULT_GEN_LENGTH", "CHAIN_GEN_LENGTH"]

@@ -329,3 +329,22 @@ def test_cut_trailing_rows_hide_a_tail_keep_some_loss_and_each_rows_total(train_
     untouched_att, untouched_w = att0.clone(), w0.clone()
     train_script.cut_trailing_rows(untouched_att, untouched_w, P, share=0.0, gen=gen)
     assert torch.equal(untouched_att, att0) and torch.equal(untouched_w, w0)
+
+
+def test_chains_batches_use_the_long_response(train_script):
+    from dlm.tiny import CHECKPOINT_DIR
+
+    tasks = get_suite("chains")
+    tok = TinyCharTokenizer.from_pretrained(CHECKPOINT_DIR)  # whole names are one token each
+    rng, gen = random.Random(1), torch.Generator().manual_seed(1)
+    x, clean, att, weights, P = train_script.build_batch(
+        tasks, [1.0, 1.0], tok, rng, batch_size=8, semi_ar=0.5, no_sep=0.0, gen=gen,
+        loss_weighting="row-mean", response_len=128)
+    assert x.shape[1] == P + 128
+    for row in clean[:, P:].tolist():
+        answer = tok.decode([t for t in row if t != tok.eos_token_id])
+        assert len(answer) >= 63 and row[-1] == tok.eos_token_id  # the whole long answer, then EOS padding
+    assert torch.allclose(weights[:, P:].sum(1), torch.ones(8))  # row-mean: every row weighs 1
+    assert train_script.chain_weights("follow=2") == {"follow": 2.0}
+    with pytest.raises(ValueError, match="chains-weights"):
+        train_script.chain_weights("copy=1")
