@@ -656,7 +656,8 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
         raise ValueError("no examples to run: --limit is 0")
     prompts = suite.prompts(oracle, n)
     cfg = _with(cfg, gen_length=gen, block_length=block, temperature=temperature, model=suite.name, limit=n)
-    headline = "valid_fraction" if "permutation" in suite.name else "1 - total_variation"
+    headline = getattr(suite, "quality_metric", None) or (  # the pivot suite names its own statistic
+        "valid_fraction" if "permutation" in suite.name else "1 - total_variation")
     meta = {"suite_tasks": [suite.name], "prompts": n, "batches": 1, "oracle": True, "quality_metric": headline,
             "torch": torch.__version__, "python": platform.python_version(), "device": cfg.device,
             "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
