@@ -2,15 +2,26 @@
 arXiv:2510.05040).
 
     from dlm.ensemble import hex_generate
-    out = hex_generate(model, input_ids, gen_length=64, steps=64, extract=my_answer_fn)
+    out = hex_generate(model, input_ids, gen_length=64, extract=my_answer_fn)   # the published setting
     out.sequences            # [B, P + gen_length]: per row, the first expert that gave the voted answer
     out.experts.answers      # [B][E] each expert's extracted answer
+    out.nfe                  # the ensemble's TOTAL forward passes (5 experts x 32 = 160 at gen 64)
 
 `dlm.generate(..., sampler="hex", sampler_config={...})` calls `run_hex` (voting on the
 generated tokens, since it knows no task); pass `extract` to `hex_generate` to vote on task answers
 (the benchmark passes each suite's extractor). The experts run through the family loops
-(`dlm.families.run_decoding`); the loops never call back here. The experts' step policy, block lengths and pass budget
-come from `samplers.unmasking.hex.HexConfig`.
+(`dlm.families.run_decoding`); the loops never call back here. The experts' step policy, block
+lengths and passes come from `samplers.unmasking.hex.HexConfig` (`plan_experts`).
+
+Budget: by default (`HexConfig.budget="published"`) every expert decodes with
+`ceil(gen_length / tokens_per_step)` passes (gen/2 as published) and `steps` is the cap on the
+ensemble's TOTAL, which must cover `experts * ceil(gen_length / tokens_per_step)` (None: exactly
+that). `budget="split"` shares a smaller `steps` among the experts instead. Every count the result
+reports (`nfe`, `branch_forwards`, `forward_tokens`, `seconds`, `tpf`) is the ensemble's total, the
+cost of the answer, not one expert's; each expert's own count is in `out.experts.nfe`.
+
+Vote only where a task has ONE right answer: on tasks with many valid answers (random list edits,
+open text) the experts rarely agree and the vote means nothing (see `samplers.unmasking.hex`).
 
 The experts differ in block length, so their decoding schedules differ step by step: each expert
 is one decoding call over all rows (rows batched, experts sequential). Stacking experts as
@@ -19,7 +30,7 @@ rows of one call would need per-row block schedules in the driver; it is not don
 On a uniform-noise model (DiffusionGemma) an expert's block is a sub-block of the canvas (the
 canvas is decoded left to right in blocks of that length, `dlm.uniform_noise.AcceptRule`): the
 experts vary the semi-autoregressive schedule inside each canvas, as HEX varies it inside the
-generation, with the same per-canvas pass budget rule.
+generation, with the same pass rule per canvas (the total is summed over canvases and experts).
 """
 from __future__ import annotations
 
@@ -41,7 +52,8 @@ class HexExperts:
     """Per-expert results of a HEX run (E experts, B rows).
 
     Attributes:
-        block_lengths / steps / nfe: `[E]` each expert's block length, pass budget and passes used.
+        block_lengths / steps / nfe: `[E]` each expert's block length, pass budget and passes used
+            (the ensemble's total, `GenerateOutput.nfe`, is `sum(nfe)`).
         sequences: `[E, B, P + gen_length]` long, every expert's output.
         answers: `[B][E]` extracted answers (None where nothing could be extracted).
         votes: `[B]` the winning answer per row (None when every expert's answer was None).
@@ -59,7 +71,9 @@ class HexExperts:
 
 
 def generated_tokens_answer(eos_token_id: int | None) -> Callable[[int, torch.Tensor], Hashable | None]:
-    """Default extractor: the generated ids up to the first EOS, as a tuple (exact-match voting)."""
+    """Default extractor: the generated ids up to the first EOS, as a tuple (exact-match voting on
+    the whole generation, so experts agree only when they produce the same tokens; an empty
+    generation is None and does not vote)."""
 
     def extract(row: int, generated: torch.Tensor) -> Hashable | None:
         ids = generated.tolist()
@@ -77,18 +91,26 @@ def hex_generate(model, input_ids: torch.Tensor, *, gen_length: int | None = 64,
 
     Args:
         model, input_ids `[B, P]`, gen_length: as in `dlm.generate`.
-        steps: forward-pass budget for ALL experts together (default gen_length); see
-            `samplers.unmasking.hex.plan_experts` for the split.
-        config: `HexConfig` (block lengths, expert sampler, tokens per step).
-        extract: `(row, generated ids [gen_length]) -> answer or None`; default: the tokens up to EOS.
+        steps: the ensemble's TOTAL forward-pass budget (a cap, as for every sampler). With
+            `config.budget="published"` (default) each expert gets `ceil(gen_length /
+            tokens_per_step)` passes and `steps` must be None (= experts x that) or at least that
+            total, else ValueError; with `budget="split"` it is shared evenly (default gen_length).
+            See `samplers.unmasking.hex.plan_experts`.
+        config: `HexConfig` (block lengths, expert sampler, tokens per step, budget rule).
+        extract: `(row, generated ids [gen_length]) -> hashable answer or None`, the task's answer
+            extractor. Without it the vote is on the generated token ids up to the first EOS
+            (`generated_tokens_answer`): experts agree only on identical generations, which suits
+            tasks with one right output and is meaningless where many outputs are right.
         generate_kwargs: every other `dlm.generate` option, for every expert (temperature, generator,
             attention_mask, kv_cache, eos_early_stop, mask/eos ids, ...); not `block_length`,
             `sampler` or `sampler_config`, which the config sets per expert.
 
     Returns:
         `GenerateOutput`: `.sequences [B, P + gen_length]` (per row, the first expert whose answer
-        won), `.nfe` and `.branch_forwards` summed over the experts, `.tpf = gen_length / nfe`,
-        `.experts` a `HexExperts`.
+        won); `.nfe`, `.branch_forwards`, `.forward_tokens` and `.seconds` are the ensemble's TOTALS
+        (summed over the experts), `.tpf = gen_length / nfe` (tokens of the one returned answer per
+        forward of the whole ensemble), `.nfe_per_sequence` summed likewise where the experts report
+        it (uniform noise); `.experts` a `HexExperts` with each expert's own counts.
     """
     config = config or HexConfig()
     config.validate()
@@ -113,17 +135,16 @@ def run_hex(model, input_ids: torch.Tensor, decoding: DecodingConfig, *, attenti
 
 
 def _expert_plan(model, input_ids, decoding: DecodingConfig, config: HexConfig):
-    """`(gen_length, [(block_length, steps)])`: the generation length and each expert's schedule."""
+    """`(gen_length, [(block_length, steps)])`: the generation length and each expert's schedule;
+    `decoding.steps` is the ensemble's total (None: the default of `config.budget`)."""
     if isinstance(family_of(model), UniformNoiseFamily):
         from dlm.uniform_noise import planned_canvases
 
         canvas, n = planned_canvases(model, decoding, input_ids.shape[1])
-        steps = n * canvas if decoding.steps is None else decoding.steps
-        per_canvas = plan_experts(canvas, steps // n, config)  # sub-blocks of a canvas, its share of the budget
-        return n * canvas, [(b, s * n) for b, s in per_canvas]
+        # Sub-blocks of one canvas, the rule applied canvas by canvas; steps stays the total.
+        return n * canvas, plan_experts(canvas, decoding.steps, config, canvases=n)
     gen_length = 64 if decoding.gen_length is None else decoding.gen_length
-    steps = gen_length if decoding.steps is None else decoding.steps
-    return gen_length, plan_experts(gen_length, steps, config)
+    return gen_length, plan_experts(gen_length, decoding.steps, config)
 
 
 def _default_extract(model, decoding: DecodingConfig):
@@ -162,7 +183,8 @@ def _run_experts(model, input_ids, decoding: DecodingConfig, config: HexConfig, 
     stacked = _same_length([o.sequences for o in outs])
     rows = torch.arange(input_ids.shape[0], device=stacked.device)
     sequences = stacked[torch.tensor(winner, device=stacked.device), rows]
-    nfe = sum(o.nfe for o in outs)
+    nfe = sum(o.nfe for o in outs)  # the ensemble's total: every expert's passes are paid for
+    per_sequence = [o.nfe_per_sequence for o in outs]
     experts = HexExperts(block_lengths=[b for b, _ in plan], steps=[s for _, s in plan], nfe=[o.nfe for o in outs],
                          sequences=stacked, answers=answers, votes=votes, winner=winner)
     return GenerateOutput(
@@ -170,7 +192,8 @@ def _run_experts(model, input_ids, decoding: DecodingConfig, config: HexConfig, 
         forward_tokens=sum(o.forward_tokens for o in outs),
         steps_per_block=[n for o in outs for n in o.steps_per_block],
         trace=[r for o in outs for r in o.trace], branch_forwards=sum(o.branch_forwards for o in outs),
-        experts=experts)
+        experts=experts,
+        nfe_per_sequence=None if any(p is None for p in per_sequence) else torch.stack(per_sequence).sum(0))
 
 
 __all__ = ["HexExperts", "HexSampler", "hex_generate", "run_hex", "generated_tokens_answer"]

@@ -162,6 +162,8 @@ def test_every_sampler_keeps_the_contract_on_a_uniform_noise_model(models, name)
     model = models[0]
     ids, mask, _, _ = _case(1)  # batch 4, left-padded
     steps, gen = 12, 32  # two canvases of 16
+    if name == "hex":  # the published HEX setting: experts [2, 4, 8] x 8 passes per canvas x 2 canvases
+        steps = 48
     def run(global_seed):
         torch.manual_seed(global_seed)
         g = torch.Generator().manual_seed(7)
@@ -206,8 +208,10 @@ def test_hex_votes_over_sub_block_experts_on_a_canvas(models):
     ids, _, _, _ = _case(0)
     out = dlm.generate(model, ids, sampler="hex", sampler_config={"block_lengths": (4, 8, 16)}, steps=24, gen_length=16,
                        generator=torch.Generator().manual_seed(0))
-    assert out.experts.block_lengths == [4, 8, 16] and out.nfe <= 24
+    assert out.experts.block_lengths == [4, 8, 16] and out.experts.steps == [8] * 3 and out.nfe <= 24  # gen/2 each
     assert out.sequences.shape[1] == ids.shape[1] + 16
+    # per-sequence forwards (transformers' count) are the experts' sums, as nfe is
+    assert out.nfe_per_sequence.shape == (ids.shape[0],) and 0 < int(out.nfe_per_sequence.max()) <= out.nfe
 
 
 def test_joint_refuses_a_model_its_layer_was_not_trained_for(models):

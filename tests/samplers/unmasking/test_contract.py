@@ -65,6 +65,11 @@ def _sampler(name, model):
     if name == "joint":
         from joint_toy import toy_joint_sampler
         return toy_joint_sampler(model)
+    if name == "hex":
+        # HEX's published setting fixes its passes (experts x gen/2, 24 here) and refuses a smaller
+        # total, so the budget sweep below runs its shared-budget rule; test_hex*.py cover the default.
+        from samplers import get_sampler
+        return get_sampler("hex", budget="split")
     return name
 
 
