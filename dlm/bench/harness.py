@@ -50,7 +50,8 @@ class SamplerSpec:
     (`generate(cache_refresh_every=N)`; 0, the default, at block starts only);
     `cut=1` feeds the model only up to the current block's end (`generate(cut_trailing_masks=True)`,
     an approximation for bidirectional models); `block=N` runs this entry at block length N instead of
-    the run's `--block-length` (either engine; N must divide `--gen-length`); other
+    the run's `--block-length` (either engine; N must divide `--gen-length`); `steps=A/B` runs this
+    entry at its own budgets instead of the run's `--steps` (HEX's published total); other
     keys override the sampler's config (`threshold:tau=0.7`) or, for an external row
     (`dlm.bench.external`), its options (`diffusers-llada2:threshold=0.9`). `label` is the entry as written.
     """
@@ -63,6 +64,7 @@ class SamplerSpec:
     cut_trailing_masks: bool = False
     cache_refresh_every: int = 0
     block_length: int | None = None
+    steps: tuple = ()
 
     @property
     def is_external(self) -> bool:
@@ -76,6 +78,11 @@ class SamplerSpec:
     def block_for(self, cfg) -> int:
         """This entry's block length: its own `block=N`, else the run's `--block-length`."""
         return self.block_length or cfg.block_length
+
+    def budgets_for(self, budgets: list[int]) -> list[int]:
+        """This entry's budgets: its own `steps=A/B`, else the run's `--steps` (e.g. HEX, whose
+        published total is far above the other entries' budgets)."""
+        return list(self.steps) or budgets
 
 
 def _flag(key: str, value: str, entry: str) -> bool:
@@ -101,7 +108,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         name, *opts = entry.split(":")
         if name not in known:
             raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(known)}")
-        options, kv, xblock, cut, refresh, block = [], None, False, False, 0, None
+        options, kv, xblock, cut, refresh, block, steps = [], None, False, False, 0, None, ()
         for opt in opts:
             if "=" not in opt:
                 raise ValueError(f"sampler option {opt!r} in {entry!r} must be key=value")
@@ -122,13 +129,18 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                 if not value.isdigit() or int(value) == 0:
                     raise ValueError(f"block={value!r} in {entry!r}: must be a positive whole number of tokens")
                 block = int(value)
+            elif key == "steps":
+                if not all(v.isdigit() and int(v) > 0 for v in value.split("/")):
+                    raise ValueError(f"steps={value!r} in {entry!r}: must be positive whole numbers joined by '/', e.g. steps=160/320")
+                steps = tuple(int(v) for v in value.split("/"))
             else:
                 options.append((key, parse_option_value(value)))
         if entry in seen:
             raise ValueError(f"sampler {entry!r} is listed twice")
         seen.add(entry)
         spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv, cache_across_blocks=xblock,
-                           cut_trailing_masks=cut, cache_refresh_every=refresh, block_length=block)
+                           cut_trailing_masks=cut, cache_refresh_every=refresh, block_length=block,
+                           steps=steps)
         if name in rows:
             rows[name][0].check_entry(spec)  # its own options; our engine's flags refused
             specs.append(spec)
@@ -441,7 +453,7 @@ def check_spec_blocks(specs: list[SamplerSpec], cfg: BenchConfig, budgets: list[
         block = spec.block_length
         if cfg.gen_length % block:
             raise ValueError(f"{spec.label!r}: block={block} must divide --gen-length ({cfg.gen_length})")
-        small = [b for b in budgets if b < cfg.gen_length // block]
+        small = [b for b in spec.budgets_for(budgets) if b < cfg.gen_length // block]
         if small:
             raise ValueError(f"{spec.label!r}: --steps {small} below its number of blocks "
                              f"({cfg.gen_length // block} of {block} tokens); raise the steps or the block")
@@ -505,7 +517,7 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
             if key not in done:
                 done.add(key)
                 _, _, ids, mask = batches[0]
-                runner.run(spec, budgets[0], ids[:2], mask[:2], torch.Generator().manual_seed(cfg.seed))
+                runner.run(spec, spec.budgets_for(budgets)[0], ids[:2], mask[:2], torch.Generator().manual_seed(cfg.seed))
 
     meta = {
         "suite_tasks": [t.name for t in tasks], "prompts": len(examples), "batches": len(batches),
@@ -515,12 +527,12 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
         "definitions": "see dlm/bench/harness.py docstring and docs/benchmarks.md",
     }
     if journal is not None:
-        journal.begin(asdict(cfg), meta, [(s.label, b) for s in specs for b in budgets])
+        journal.begin(asdict(cfg), meta, [(s.label, b) for s in specs for b in s.budgets_for(budgets)])
     pairs: list[PairResult] = []
-    bar = tqdm(total=len(specs) * len(budgets) * len(batches), desc=f"bench {cfg.suite}", unit="batch",
+    bar = tqdm(total=sum(len(s.budgets_for(budgets)) for s in specs) * len(batches), desc=f"bench {cfg.suite}", unit="batch",
                disable=not progress, file=sys.stderr)
     for spec in specs:
-        for budget in budgets:
+        for budget in spec.budgets_for(budgets):
             if journal is not None and (done := journal.done(spec.label, budget)) is not None:
                 pairs.append(done)  # finished by an earlier run of this configuration
                 bar.update(len(batches))
@@ -662,12 +674,12 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
             "torch": torch.__version__, "python": platform.python_version(), "device": cfg.device,
             "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if journal is not None:
-        journal.begin(asdict(cfg), meta, [(s.label, b) for s in specs for b in budgets])
+        journal.begin(asdict(cfg), meta, [(s.label, b) for s in specs for b in s.budgets_for(budgets)])
     pairs = []
-    bar = tqdm(total=len(specs) * len(budgets), desc=f"bench {suite.name}", unit="pair", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=sum(len(s.budgets_for(budgets)) for s in specs), desc=f"bench {suite.name}", unit="pair", disable=not progress, file=sys.stderr)
     for spec in specs:
         kv = spec.kv_cache or cfg.kv_cache
-        for budget in budgets:
+        for budget in spec.budgets_for(budgets):
             if journal is not None and (done := journal.done(spec.label, budget)) is not None:
                 pairs.append(done)
                 bar.update(1)

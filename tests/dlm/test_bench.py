@@ -83,6 +83,21 @@ def test_sampler_spec_parsing():
     assert c.is_external and c.option_dict == {"threshold": 0.9}
 
 
+def test_steps_spec_gives_an_entry_its_own_budgets(tiny_dir, tmp_path, capsys):
+    (spec,) = parse_sampler_specs("confidence:steps=16/4")
+    assert spec.budgets_for([8, 2]) == [16, 4] and parse_sampler_specs("threshold")[0].budgets_for([8, 2]) == [8, 2]
+    for bad in ("confidence:steps=0", "confidence:steps=4/x", "confidence:steps="):
+        with pytest.raises(ValueError, match="steps="):
+            parse_sampler_specs(bad)
+    out = tmp_path / "run"
+    rc = main(["bench", "--model", tiny_dir, "--suite", "copy", "--samplers", "threshold,confidence:steps=16",
+               "--steps", "4,8", "--limit", "2", "--gen-length", "16", "--block-length", "8", "--no-plots",
+               "--out", str(out), "--json"])
+    assert rc == 0, capsys.readouterr().err
+    pairs = json.loads(capsys.readouterr().out)["pairs"]
+    assert [(p["sampler"], p["budget"]) for p in pairs] == [("threshold", 4), ("threshold", 8), ("confidence:steps=16", 16)]
+
+
 def test_xblock_spec_needs_a_cache():
     (d,) = parse_sampler_specs("confidence:kv=dual:xblock=1")
     assert d.cache_across_blocks and d.kv_cache == "dual" and d.option_dict == {}

@@ -1,0 +1,40 @@
+"""Equal-quality ratios against a baseline's whole frontier (dlm.bench.frontier)."""
+import pytest
+
+from dlm.bench.frontier import best_quality, best_ratio, equal_quality_ratio, frontier_points
+from dlm.bench.harness import BenchResult, PairResult
+
+
+def _pair(sampler, budget, quality, nfe):
+    return PairResult(sampler=sampler, budget=budget, engine="dlm", kv_cache="none", n=10, quality=quality,
+                      quality_by_task={}, nfe=nfe, nfe_per_call=nfe, tpf=128 / nfe, tokens_per_s=1.0, seconds=1.0,
+                      forward_tokens=0, peak_mem_mb=None, mem_method="none")
+
+
+def _result():
+    return BenchResult(config={"gen_length": 128}, meta={}, pairs=[
+        _pair("threshold:tau=0.5", 128, 70.0, 20.0),
+        _pair("threshold:tau=0.9", 128, 90.0, 60.0),
+        _pair("threshold:tau=0.95", 128, 91.0, 80.0),
+        _pair("lopa", 64, 89.5, 30.0),
+        _pair("lopa", 128, 95.0, 40.0),
+        _pair("lopa", 32, 60.0, 10.0),
+    ])
+
+
+def test_ratio_uses_the_cheapest_frontier_point_within_tolerance():
+    taus = ["threshold:tau=0.5", "threshold:tau=0.9", "threshold:tau=0.95"]
+    rows = equal_quality_ratio(_result(), "lopa", taus, tolerance=1.0)
+    assert [r["budget"] for r in rows] == [32, 64, 128]
+    assert rows[0]["baseline"]["sampler"] == "threshold:tau=0.5" and rows[0]["nfe_ratio"] == pytest.approx(2.0)
+    # 89.5 - 1 = 88.5: tau=0.9 (60 NFE) is the cheapest point that good, not tau=0.95
+    assert rows[1]["baseline"]["sampler"] == "threshold:tau=0.9" and rows[1]["nfe_ratio"] == pytest.approx(2.0)
+    assert rows[2]["baseline"] is None and rows[2]["nfe_ratio"] is None  # beyond the whole frontier
+    assert best_ratio(rows)["budget"] in (32, 64)
+    assert best_quality(_result(), taus) == 91.0
+    assert [p["nfe"] for p in frontier_points(_result(), taus)] == [20.0, 60.0, 80.0]
+
+
+def test_no_baseline_pairs_is_an_error():
+    with pytest.raises(ValueError, match="no baseline pairs"):
+        equal_quality_ratio(_result(), "lopa", ["confidence"])
