@@ -42,6 +42,9 @@ def format_table(result: BenchResult) -> str:
         trows = [[f"{p.sampler}@{p.budget}", f"{p.quality:.1f}", f"{p.extra['best_expert_quality']:.1f}",
                   " ".join(f"b{b}:{q:.0f}" for b, q in p.extra["expert_quality"].items())] for p in experts]
         text += "\n\nensemble vs its experts (quality%)\n" + _grid(["sampler@steps", "vote", "best expert", "experts"], trows)
+    laws = [p for p in pairs if (p.extra or {}).get("reference_total_variation_q95") is not None]
+    if laws:  # pivot oracle: distances to exact laws beside exact sampling's noise at the same N
+        text += _law_table(laws)
     targets = result.meta.get("targets") or {}
     if targets:
         trows = [[name, f"{t['reference_quality']:.1f}@{t['reference_budget']}", str(t["min_budget"]),
@@ -54,6 +57,27 @@ def format_table(result: BenchResult) -> str:
         for base, cmp in by_base.items():
             text += _vs_baseline(base, cmp, f"[{suite}] ")
     return text
+
+
+def _law_table(pairs) -> str:
+    """Pivot oracle: TV to the exact laws (max, S = state switches, T = top-symbol count), each beside
+    the mean/q95 of the same TV for exact samples; mean S; log-likelihood gap with its standard error."""
+    def num(key, fmt="{:.3f}"):
+        value = p.extra.get(key)
+        return value if isinstance(value, str) else _fmt(fmt, value)
+
+    trows = []
+    for p in pairs:
+        row = [f"{p.sampler}@{p.budget}", f"{p.tpf:.2f}"]
+        for name in ("total_variation", "total_variation_switches", "total_variation_top"):
+            row += [num(name), f"{num('reference_' + name)}/{num('reference_' + name + '_q95')}"]
+        row += [f"{num('mean_switches', '{:.2f}')}/{num('expected_switches', '{:.2f}')}",
+                f"{num('log_prob_gap', '{:+.2f}')} +- {num('log_prob_gap_stderr', '{:.2f}')}"]
+        trows.append(row)
+    header = ["sampler@steps", "TPF", "TV", "exact", "TV(S)", "exact", "TV(T)", "exact", "S/exact",
+              "logp gap (nats)"]
+    return ("\n\ndistance to the exact laws: TV = max(TV(S), TV(T)), S = state switches, T = top-symbol "
+            "count; exact = mean/q95 of exact samples\n" + _grid(header, trows))
 
 
 def _vs_baseline(base: str, cmp: dict, prefix: str = "") -> str:

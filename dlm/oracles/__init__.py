@@ -3,6 +3,8 @@
 Token languages (masked diffusion LMs following the model contract of `dlm.generate`):
     PermutationOracle  uniform over permutations of n symbols (maximal dependence between tokens)
     HMMOracle          a hidden-Markov language; conditionals by forward-backward
+    PivotOracle        a sticky HMM whose state path is readable from its output (exact laws of
+                       run statistics: the "oracle-pivot" suite)
 
 One-token-per-step random-order decoding at temperature 1 draws their exact joint; see
 `dlm.tasks.oracle_tasks` for the metrics and benchmark suites built on them.
@@ -12,5 +14,6 @@ and is imported from there: it needs diffusers.)
 """
 from dlm.oracles.hmm import HMMOracle
 from dlm.oracles.permutation import IMPOSSIBLE_LOGIT, OracleLMConfig, PermutationOracle
+from dlm.oracles.pivot import PivotOracle
 
-__all__ = ["HMMOracle", "PermutationOracle", "OracleLMConfig", "IMPOSSIBLE_LOGIT"]
+__all__ = ["HMMOracle", "PivotOracle", "PermutationOracle", "OracleLMConfig", "IMPOSSIBLE_LOGIT"]

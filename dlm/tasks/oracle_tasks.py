@@ -35,6 +35,13 @@ What the bench should report for each (suite, sampler, steps) cell, at temperatu
                         expected counts merged); tiny values mean the sampler is provably inexact.
 plus NFE and tokens per forward from `dlm.generate`.
 
+"oracle-pivot" (a sticky 8-state HMM over 64 symbols, length 64: `dlm.oracles.PivotOracle`) has far
+too many sequences to enumerate; it is scored instead by distances between the empirical and the
+EXACT laws of two statistics of each output, the number of state switches S and the number of
+positions holding their state's most likely symbol T (`PivotMetrics`, `pivot_metrics`):
+total_variation is the larger of their TVs (a lower bound on the TV to the exact joint), with its
+exact-sampling noise at the same N (reference_total_variation and its q95) beside it.
+
 Reading the numbers: a sampler that chooses WHICH position to commit by the model's confidence is
 not an exact sampler even at one token per step (the order then depends on the values drawn), and
 on the HMM it shows as a negative log_prob_gap (mode seeking) with a large total variation;
@@ -51,6 +58,7 @@ import torch
 
 from dlm.oracles.hmm import HMMOracle
 from dlm.oracles.permutation import PermutationOracle, sequence_codes
+from dlm.oracles.pivot import PivotOracle
 
 # Enumerating the support for distribution-level metrics is skipped beyond this many cells.
 MAX_DISTRIBUTION_CELLS = 200_000
@@ -334,6 +342,246 @@ class OracleTask:
         return OracleRun(self.evaluate(oracle, out.sequences, seed=seed), out.nfe, out.tpf, out.seconds, settings)
 
 
+# -- the pivot oracle: distances between laws of the number of state switches ------------------------
+PIVOT_SMOOTHING = 0.5  # add-1/2 (Krichevsky-Trofimov) pseudo-count per cell for KL(true || empirical)
+PIVOT_REFERENCE_REPEATS = 200  # exact-sample replicates behind the noise reference
+
+
+def law_distances(counts: torch.Tensor, law: torch.Tensor, outside: int = 0,
+                  smoothing: float = PIVOT_SMOOTHING) -> tuple[float, float, float]:
+    """``(total_variation, kl_empirical_to_true, kl_true_to_smoothed)`` of binned counts against a law.
+
+    Args:
+        counts: ``[M]`` outputs per cell. law: ``[M]`` float64 exact probabilities (sum 1).
+        outside: outputs in no cell (counted fully towards TV; they make KL(emp || true) infinite
+            and are dropped from the smoothed estimate).
+        smoothing: pseudo-count added to every cell before KL(true || empirical), which is infinite
+            otherwise whenever a cell of positive probability is empty.
+    """
+    total = int(counts.sum()) + outside
+    if total == 0:
+        raise ValueError("no sequences to score")
+    p = law.double()
+    emp = counts.double() / total
+    tv = 0.5 * (float((emp - p).abs().sum()) + outside / total)
+    seen = emp > 0
+    if outside or bool((p[seen] <= 0).any()):
+        kl_forward = float("inf")
+    else:
+        kl_forward = float((emp[seen] * (emp[seen].log() - p[seen].log())).sum())
+    q = (counts.double() + smoothing) / (float(counts.sum()) + smoothing * counts.numel())
+    pos = p > 0
+    kl_reverse = float((p[pos] * (p[pos].log() - q[pos].log())).sum())
+    return tv, kl_forward, kl_reverse
+
+
+def expected_total_variation(law: torch.Tensor, num_samples: int) -> float:
+    """Exact ``E[TV]`` between the empirical law of ``num_samples`` i.i.d. draws from ``law`` and ``law``.
+
+    Each cell count is Binomial(N, p); De Moivre's mean absolute deviation
+    ``E|X - Np| = 2 (m + 1) C(N, m + 1) p^(m+1) (1 - p)^(N - m)``, ``m = floor(Np)``, gives
+    ``E[TV] = sum_j E|X_j - N p_j| / (2N)``: the bias of the TV estimator for an exact sampler.
+    It shrinks like ``sum_j sqrt(p_j (1 - p_j)) / sqrt(2 pi N)``.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    N, total = num_samples, 0.0
+    for p in law.double().tolist():
+        m = math.floor(N * p)
+        if p <= 0 or p >= 1 or m + 1 > N:
+            continue
+        log_mad = (math.log(2 * (m + 1)) + math.lgamma(N + 1) - math.lgamma(m + 2) - math.lgamma(N - m)
+                   + (m + 1) * math.log(p) + (N - m) * math.log1p(-p))
+        total += math.exp(log_mad)
+    return total / (2 * N)
+
+
+@dataclass
+class PivotMetrics:
+    """Outputs of the pivot oracle scored by the exact laws of two statistics of each output.
+
+    S = number of state switches of the observable state path (0..n-1; `PivotOracle.switch_count_law`)
+    sees the coherence of runs: parallel commits break runs (S too large), confidence order
+    stretches them (S too small). T = positions holding their state's most likely symbol (0..n;
+    `PivotOracle.top_symbol_count_law`) sees mode seeking inside a state's symbol group, which S
+    misses. A function of the output cannot increase total variation, so TV of either statistic's
+    law is a lower bound on the TV between the output law and the exact joint; the headline
+    `total_variation` is the larger of the two, which errors of opposite sign in one statistic
+    cannot hide.
+
+    Every distance is positive for an exact sampler at finite N (the estimator's bias, about
+    ``sum_j sqrt(p_j (1 - p_j)) / sqrt(2 pi N)`` for TV): read it against its ``reference_*``
+    field, the same distance for N exact sequences (`PivotOracle.sample_statistics`: equal in law
+    to N one-token-per-step random-order decodes), mean and 95th percentile over
+    `PIVOT_REFERENCE_REPEATS` replicate sets. Above the q95 is a gap at about 5% false alarms.
+
+    Attributes:
+        num_samples: outputs scored (N). statistic: what is binned.
+        valid_fraction: outputs made only of symbols (each such output has positive probability).
+        total_variation: max(total_variation_switches, total_variation_top): the headline.
+        total_variation_switches / total_variation_top: TV(empirical law, exact law) of S / of T;
+            invalid outputs count fully.
+        mean_switches / expected_switches, mean_top_symbols / expected_top_symbols: means of S and
+            T over the outputs / under the exact laws.
+        kl_empirical_to_true: KL(empirical || exact) of S in nats, no smoothing (the exact law is
+            positive on every cell); inf if any output is invalid.
+        kl_true_to_smoothed: KL(exact || empirical with `PIVOT_SMOOTHING` added to each of the n
+            cells) of S in nats: it sees mass the sampler fails to produce. The pseudo-counts bias
+            it (n / 2 of them beside N real ones); the reference carries the same bias.
+        chi2_pvalue: Pearson test of the counts of S against its exact law (cells merged to an
+            expected count >= 5); tiny = provably not the exact law.
+        expected_total_variation_switches: exact E[TV of S] for N exact outputs
+            (`expected_total_variation`): the bias, with no sampling noise of its own.
+        reference_<distance> / reference_<distance>_q95: mean and 95th percentile of that distance
+            over the exact replicates (<distance>: total_variation, total_variation_switches,
+            total_variation_top, kl_empirical_to_true, kl_true_to_smoothed).
+        mean_log_prob: mean exact log p(x) over valid outputs (nats per sequence).
+        expected_log_prob: E_true[log p(x)] = -H, exact (`PivotOracle.entropy`).
+        log_prob_gap: expected_log_prob - mean_log_prob (positive: outputs less likely than exact
+            samples; negative: mode seeking). log_prob_gap_stderr: standard error of mean_log_prob
+            over the outputs. reference_log_prob_gap: the gap of N exact ancestral samples.
+    """
+
+    num_samples: int
+    statistic: str
+    valid_fraction: float
+    total_variation: float
+    total_variation_switches: float
+    total_variation_top: float
+    mean_switches: float
+    expected_switches: float
+    mean_top_symbols: float
+    expected_top_symbols: float
+    kl_empirical_to_true: float
+    kl_true_to_smoothed: float
+    chi2_pvalue: float
+    expected_total_variation_switches: float
+    mean_log_prob: float
+    expected_log_prob: float
+    expected_log_prob_exact: bool
+    log_prob_gap: float
+    log_prob_gap_stderr: float
+    reference_total_variation: float | None = None
+    reference_total_variation_q95: float | None = None
+    reference_total_variation_switches: float | None = None
+    reference_total_variation_switches_q95: float | None = None
+    reference_total_variation_top: float | None = None
+    reference_total_variation_top_q95: float | None = None
+    reference_kl_empirical_to_true: float | None = None
+    reference_kl_empirical_to_true_q95: float | None = None
+    reference_kl_true_to_smoothed: float | None = None
+    reference_kl_true_to_smoothed_q95: float | None = None
+    reference_log_prob_gap: float | None = None
+
+    def to_dict(self) -> dict:
+        """Plain dict (floats may be inf or nan: `json.dumps` writes them as Infinity / NaN)."""
+        return asdict(self)
+
+
+def _switch_chi2_pvalue(counts: torch.Tensor, law: torch.Tensor, outside: int) -> float:
+    from scipy.stats import chisquare
+
+    n_in = int(counts.sum())
+    if outside or n_in == 0:
+        return 0.0
+    obs, exp = merge_small_cells(counts, law * n_in)
+    if len(obs) < 2:
+        return 1.0
+    return float(chisquare(obs, exp * (obs.sum() / exp.sum())).pvalue)
+
+
+def _statistic_counts(values: torch.Tensor, law: torch.Tensor) -> tuple[torch.Tensor, int, float]:
+    """``(counts [M], outside, mean)`` of a per-row statistic ``[N]`` (-1 = no value) over its law's cells."""
+    valid = values >= 0
+    counts = torch.bincount(values[valid], minlength=law.numel())
+    mean = float(values[valid].double().mean()) if bool(valid.any()) else float("nan")
+    return counts, int((~valid).sum()), mean
+
+
+def _law_mean(law: torch.Tensor) -> float:
+    return float((law * torch.arange(law.numel(), dtype=torch.float64)).sum())
+
+
+def _distances(switches: torch.Tensor, top: torch.Tensor, laws: tuple[torch.Tensor, torch.Tensor]) -> dict:
+    """Every distance of `PivotMetrics` for one set of outputs' statistics ``S [N]``, ``T [N]``."""
+    counts, outside, _ = _statistic_counts(switches, laws[0])
+    tv_s, kl_f, kl_r = law_distances(counts, laws[0], outside)
+    top_counts, top_outside, _ = _statistic_counts(top, laws[1])
+    tv_t = law_distances(top_counts, laws[1], top_outside)[0]
+    return {"total_variation": max(tv_s, tv_t), "total_variation_switches": tv_s, "total_variation_top": tv_t,
+            "kl_empirical_to_true": kl_f, "kl_true_to_smoothed": kl_r}
+
+
+def _reference_distances(oracle: PivotOracle, laws, num: int, seed: int, repeats: int) -> dict:
+    """Mean and 95th percentile of each distance over `repeats` sets of `num` exact outputs."""
+    import numpy as np
+
+    switches, top = oracle.sample_statistics(num * repeats, torch.Generator().manual_seed(seed))
+    rows = [_distances(s, t, laws) for s, t in zip(switches.view(repeats, num), top.view(repeats, num))]
+    out = {}
+    for name in rows[0]:
+        values = np.array([r[name] for r in rows])
+        out[f"reference_{name}"] = float(values.mean())
+        out[f"reference_{name}_q95"] = float(np.quantile(values, 0.95))
+    return out
+
+
+def pivot_metrics(oracle: PivotOracle, sequences: torch.Tensor, *, reference: bool = True, seed: int = 0,
+                  repeats: int = PIVOT_REFERENCE_REPEATS) -> PivotMetrics:
+    """Score decoded `[N, P + n]` (or `[N, n]`) outputs of a `PivotOracle` (see `PivotMetrics`).
+
+    `reference`: also compute the exact-sampling noise reference (`repeats` replicate sets of N
+    exact outputs' statistics, and N exact ancestral samples for the log-likelihood), seeded by `seed`.
+    """
+    if not isinstance(oracle, PivotOracle):
+        raise ValueError(f"oracle must be a PivotOracle (the metric needs its observable state path), "
+                         f"got {type(oracle).__name__}")
+    if repeats < 2:
+        raise ValueError(f"repeats must be >= 2 for a reference spread, got {repeats}")
+    gen = _generation(oracle, sequences)
+    num = gen.shape[0]
+    if num == 0:
+        raise ValueError("no sequences to score")
+    laws = (oracle.switch_count_law(), oracle.top_symbol_count_law())
+    switches, top = oracle.num_switches(gen), oracle.num_top_symbols(gen)
+    counts, outside, mean_s = _statistic_counts(switches, laws[0])
+    log_p = oracle.log_prob(gen).cpu()
+    finite = torch.isfinite(log_p)
+    lp = log_p[finite]
+    expected, exact = oracle.expected_log_prob()
+    mean_lp = float(lp.mean()) if lp.numel() else float("nan")
+    metrics = PivotMetrics(
+        num_samples=num, statistic="S = state switches, T = top-symbol count",
+        valid_fraction=float(finite.double().mean()), **_distances(switches, top, laws),
+        mean_switches=mean_s, expected_switches=_law_mean(laws[0]),
+        mean_top_symbols=_statistic_counts(top, laws[1])[2], expected_top_symbols=_law_mean(laws[1]),
+        chi2_pvalue=_switch_chi2_pvalue(counts, laws[0], outside),
+        expected_total_variation_switches=expected_total_variation(laws[0], num),
+        mean_log_prob=mean_lp, expected_log_prob=expected, expected_log_prob_exact=exact,
+        log_prob_gap=expected - mean_lp,
+        log_prob_gap_stderr=float(lp.std() / math.sqrt(lp.numel())) if lp.numel() > 1 else float("nan"))
+    if reference:
+        for key, value in _reference_distances(oracle, laws, num, seed, repeats).items():
+            setattr(metrics, key, value)
+        exact_samples = oracle.sample(num, torch.Generator().manual_seed(seed))
+        metrics.reference_log_prob_gap = expected - float(oracle.log_prob(exact_samples).mean())
+    return metrics
+
+
+@dataclass(frozen=True)
+class PivotTask(OracleTask):
+    """The pivot oracle's suite: `evaluate` scores by the law of state switches (`pivot_metrics`).
+
+    quality_metric: what the bench's quality column is (100 x (1 - this TV)).
+    """
+
+    quality_metric: str = "1 - max(TV of the law of state switches, TV of the law of top-symbol count)"
+
+    def evaluate(self, oracle, sequences: torch.Tensor, **kwargs) -> PivotMetrics:
+        """`pivot_metrics` of decoded `[N, P + n]` sequences."""
+        return pivot_metrics(oracle, sequences, **kwargs)
+
+
 ORACLE_SUITES: dict[str, OracleTask] = {
     "oracle-permutation": OracleTask(
         "oracle-permutation",
@@ -345,6 +593,13 @@ ORACLE_SUITES: dict[str, OracleTask] = {
         # 256 cells: with the default 4096 samples exact sampling sits at TV ~0.07, while random
         # order at 2 / 4 tokens per step reaches ~0.12 / ~0.26 (seeded measurements, CPU).
         lambda: HMMOracle.random(4, 2, 8, seed=0, concentration=0.3)),
+    "oracle-pivot": PivotTask(
+        "oracle-pivot",
+        "sticky HMM (8 states, 64 symbols in 8 groups, length 64, stay 0.95): TV to exact laws of run statistics",
+        # ~3.2 switches per sequence. At 1024 samples exact sampling sits at TV ~0.03 (q95 ~0.05);
+        # random order at 4 tokens per step breaks runs (TV ~0.8), confidence order stretches them.
+        lambda: PivotOracle(8, 8, 64, stay=0.95, seed=0, concentration=0.5),
+        num_samples=1024),
 }
 ORACLE_SUITE_NAMES = tuple(ORACLE_SUITES)
 
@@ -357,7 +612,8 @@ def get_oracle_suite(name: str) -> OracleTask:
         raise ValueError(f"unknown oracle suite {name!r}; valid: {', '.join(ORACLE_SUITE_NAMES)}") from None
 
 
-__all__ = ["OracleTask", "OracleRun", "OracleMetrics", "ChiSquareResult", "CellCounts",
+__all__ = ["OracleTask", "OracleRun", "OracleMetrics", "PivotTask", "PivotMetrics", "pivot_metrics",
+           "law_distances", "expected_total_variation", "ChiSquareResult", "CellCounts",
            "ORACLE_SUITES", "ORACLE_SUITE_NAMES", "get_oracle_suite", "oracle_metrics",
            "chi_square_test", "distribution_distances", "cell_counts", "merge_small_cells",
            "MAX_DISTRIBUTION_CELLS"]

@@ -235,10 +235,10 @@ def test_oracle_metrics_exact_versus_parallel():
 
 
 def test_oracle_suites_are_registered_and_run():
-    assert set(ORACLE_SUITE_NAMES) == {"oracle-permutation", "oracle-hmm"}
+    assert set(ORACLE_SUITE_NAMES) == {"oracle-permutation", "oracle-hmm", "oracle-pivot"}
     with pytest.raises(ValueError, match="oracle-hmm"):
         get_oracle_suite("oracle-nope")
-    for name in ORACLE_SUITE_NAMES:
+    for name in ("oracle-permutation", "oracle-hmm"):  # oracle-pivot: tests/dlm/test_pivot_oracle.py
         suite = get_oracle_suite(name)
         run = suite.run(sampler="random", num_samples=256, seed=0)
         assert run.nfe == 8 and run.metrics.valid_fraction == 1.0 and run.metrics.num_samples == 256
