@@ -482,7 +482,7 @@ def main(argv=None):
                     help="share of batches drawn from the `chains` suite (long sequential answers, "
                          "response length 128) instead of --tasks; 0: none")
     ap.add_argument("--chains-weights", default="",
-                    help="sampling weights within the chains batches, e.g. 'running_sum=1,follow=1'")
+                    help="sampling weights within the chains batches, e.g. 'count=1,walk=2'")
     ap.add_argument("--max-positions", type=int, default=192,
                     help="max_position_embeddings of the config (raised on an --init checkpoint too): "
                          "prompt plus response must fit; chains need 320")

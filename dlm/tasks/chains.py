@@ -8,13 +8,17 @@ confidence threshold has to wait for the chain to advance. This is the regime wh
 (LoPA) and backtracking (Saber) are meant to pay, and where a single answer exists, so an ensemble
 vote (HEX) means something.
 
-    running_sum 7: 3518...   -> 0364...   each output digit = (previous output + input digit) mod 10,
-                                          the "previous output" of the first being the start digit
-    follow ana: ana=cyd bo=ana cyd=bo ... -> cyd bo ana cyd bo ...
-                                          the chain of successors from the start name, n names
+    count 35 from 37 by 13:  -> 50 63 76 89 02 ...   each number = the previous one + the step, mod 100
+    walk 40 from cyd by 5:   -> hal mia ...           each name = the one 5 places on, on the ring of
+                                                      names in alphabetical order
 
-Both are scored by exact match of the first line (one answer each). Digits are one token each in
-the built-in tokenizer and names one token each, so the answer lengths in tokens are those above.
+Both are scored by exact match of the first line (one answer each). Digits and spaces are one token
+each in the built-in tokenizer and names one token each: answers are 79-122 tokens.
+
+Why these rules: each is local (the previous item and a constant), which a 1.3M-parameter model
+learns in a few thousand steps on CPU; a first version with a prompt-wide lookup (a successor table
+given in the prompt) and an aligned running sum learned nothing in 1,200 steps (see
+docs/tiny_dlm_training.md). The sequential dependence is the same: item k is cheap given item k-1.
 """
 from __future__ import annotations
 
@@ -39,52 +43,43 @@ class ChainTask(Task):
         return 1.0 if first_line(output_text) == example.answer else 0.0
 
 
-class RunningSum(ChainTask):
-    """Running sum mod 10 of 64-100 digits (one token per digit, no separators).
+class Count(ChainTask):
+    """Count mod 100 from a start by a step: "count 35 from 37 by 13:" -> "50 63 76 89 02 ...".
 
-    Output digit k sits at the same rotary position as input digit k (positions restart after the
-    prompt and the prompt header has a fixed length), so the local rule is easy to learn; computing
-    digit k without digit k-1 needs a prefix sum, which a small model cannot do in one forward.
+    Every number is written with two digits; the step is coprime to 100, so the 32-41 numbers never
+    repeat. Number k is the previous one plus the step (carry included), a local rule; writing it
+    without the previous one means computing start + k * step mod 100 in one forward.
     """
 
-    name = "running_sum"
-    min_digits, max_digits = 64, 100
+    name = "count"
+    min_items, max_items = 32, 41
+    steps = tuple(s for s in range(1, 100) if s % 2 and s % 5)
 
     def _make(self, rng: random.Random) -> Example:
-        start = rng.randrange(10)
-        digits = [rng.randrange(10) for _ in range(rng.randint(self.min_digits, self.max_digits))]
-        out, acc = [], start
-        for d in digits:
-            acc = (acc + d) % 10
-            out.append(str(acc))
-        prompt = f"running_sum {start}: {''.join(map(str, digits))}"
-        return Example(prompt, "".join(out), self.name, {"start": start, "digits": digits})
+        n, start, step = rng.randint(self.min_items, self.max_items), rng.randrange(100), rng.choice(self.steps)
+        values = [(start + step * k) % 100 for k in range(1, n + 1)]
+        return Example(f"count {n} from {start:02d} by {step:02d}:", " ".join(f"{v:02d}" for v in values),
+                       self.name, {"start": start, "step": step, "n": n})
 
 
-class Follow(ChainTask):
-    """Follow a successor table over 6-8 names (one cycle through all of them) for 32-48 steps.
+class Walk(ChainTask):
+    """Walk the ring of names in alphabetical order: "walk 40 from cyd by 5:" -> "hal mia ...".
 
-    Each output name is the table's successor of the one before; the table is a single cycle, so
-    the chain never gets stuck on a fixed point and every name of the table is used.
+    Each name is the one `step` places after the previous one on the ring of the 24 list-edit names
+    (a fixed table the model learns, not given in the prompt); steps 1, 5 and 7 are coprime to 24,
+    so the first 24 names never repeat.
     """
 
-    name = "follow"
-    min_names, max_names = 6, 8
-    min_steps, max_steps = 32, 48
+    name = "walk"
+    min_items, max_items = 40, 60
+    steps = (1, 5, 7)
+    ring = tuple(sorted(NAMES))
 
     def _make(self, rng: random.Random) -> Example:
-        names = rng.sample(NAMES, rng.randint(self.min_names, self.max_names))
-        cycle = names[:]
-        rng.shuffle(cycle)
-        successor = {cycle[i]: cycle[(i + 1) % len(cycle)] for i in range(len(cycle))}
-        table = " ".join(f"{name}={successor[name]}" for name in names)  # listed in a random order
-        start = rng.choice(names)
-        chain, cur = [], start
-        for _ in range(rng.randint(self.min_steps, self.max_steps)):
-            cur = successor[cur]
-            chain.append(cur)
-        return Example(f"follow {start}: {table}", " ".join(chain), self.name,
-                       {"start": start, "successor": successor})
+        n, start, step = rng.randint(self.min_items, self.max_items), rng.randrange(len(self.ring)), rng.choice(self.steps)
+        names = [self.ring[(start + step * k) % len(self.ring)] for k in range(1, n + 1)]
+        return Example(f"walk {n} from {self.ring[start]} by {step}:", " ".join(names), self.name,
+                       {"start": self.ring[start], "step": step, "n": n})
 
 
-CHAIN_TASKS = (RunningSum, Follow)
+CHAIN_TASKS = (Count, Walk)

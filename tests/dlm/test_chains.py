@@ -6,51 +6,43 @@ import json
 import torch
 
 from dlm.cli import main
-from dlm.tasks import SUITES, get_task, suite_gen_length
+from dlm.tasks import NAMES, SUITES, get_task, suite_gen_length
 from dlm.tasks.chains import CHAIN_GEN_LENGTH
 from dlm.tiny import CHECKPOINT_DIR, TinyCharTokenizer, TinyDLMConfig, TinyDLMModel
 
 
-def _running_sum(start, digits):
-    out, acc = [], start
-    for d in digits:
-        acc = (acc + d) % 10
-        out.append(acc)
-    return out
-
-
 def test_suite_registered_with_its_length():
-    assert SUITES["chains"] == ("running_sum", "follow")
+    assert SUITES["chains"] == ("count", "walk")
     assert suite_gen_length("chains") == CHAIN_GEN_LENGTH == 128
     assert suite_gen_length("list_edits") == 64 and suite_gen_length("all") == 64
-    assert "running_sum" not in SUITES["all"]  # the short suites' benchmarks are unchanged
+    assert not set(SUITES["chains"]) & set(SUITES["all"])  # the short suites' benchmarks are unchanged
 
 
-def test_running_sum_answer_is_the_prefix_sum():
-    task = get_task("running_sum")
+def test_count_answer_adds_the_step_mod_100():
+    task = get_task("count")
     for ex in task.examples("train", 50, seed=3):
-        start, digits = ex.meta["start"], ex.meta["digits"]
-        assert ex.prompt == f"running_sum {start}: {''.join(map(str, digits))}"
-        assert [int(c) for c in ex.answer] == _running_sum(start, digits)
-        assert 64 <= len(ex.answer) <= 100
+        start, step, n = ex.meta["start"], ex.meta["step"], ex.meta["n"]
+        assert ex.prompt == f"count {n} from {start:02d} by {step:02d}:"
+        values = [int(v) for v in ex.answer.split()]
+        assert len(values) == n and 32 <= n <= 41 and all(len(v) == 2 for v in ex.answer.split())
+        prev = start
+        for v in values:
+            assert v == (prev + step) % 100
+            prev = v
+        assert len(set(values)) == n  # a step coprime to 100 never repeats within 100 numbers
 
 
-def test_follow_answer_walks_a_single_cycle():
-    task = get_task("follow")
+def test_walk_answer_steps_around_the_sorted_ring():
+    task = get_task("walk")
+    ring = sorted(NAMES)
     for ex in task.examples("train", 50, seed=4):
-        succ = ex.meta["successor"]
-        # one cycle through every name of the table
-        seen, cur = [], ex.meta["start"]
-        for _ in succ:
-            cur = succ[cur]
-            seen.append(cur)
-        assert sorted(seen) == sorted(succ)
-        chain = ex.answer.split()
-        assert 32 <= len(chain) <= 48
-        assert chain[0] == succ[ex.meta["start"]]
-        assert all(succ[a] == b for a, b in zip(chain, chain[1:]))
-        for name, nxt in succ.items():
-            assert f"{name}={nxt}" in ex.prompt
+        names = ex.answer.split()
+        assert len(names) == ex.meta["n"] and 40 <= len(names) <= 60
+        prev = ring.index(ex.meta["start"])
+        for name in names:
+            assert ring.index(name) == (prev + ex.meta["step"]) % len(ring)
+            prev = ring.index(name)
+        assert len(set(names[:24])) == 24  # the step is coprime to 24
 
 
 @pytest.mark.parametrize("name", SUITES["chains"])
@@ -59,8 +51,7 @@ def test_exact_match_scoring(name):
     ex = task.examples("test", 1, seed=0)[0]
     assert task.score(ex, ex.answer) == 1.0
     assert task.score(ex, ex.answer + "\nmore lines") == 1.0
-    wrong = ex.answer[:-1] + ("0" if ex.answer[-1] != "0" else "1") if name == "running_sum" \
-        else " ".join(ex.answer.split()[:-1])
+    wrong = " ".join(ex.answer.split()[:-1])  # one item short
     assert task.score(ex, wrong) == 0.0
     assert task.score(ex, "") == 0.0 and task.score(ex, None) == 0.0
 
@@ -70,7 +61,7 @@ def test_answers_fit_the_generation_length_in_tokens(name):
     tok = TinyCharTokenizer.from_pretrained(CHECKPOINT_DIR)  # the built-in models' tokenizer
     lengths = [len(tok.encode(ex.answer)) for ex in get_task(name).examples("train", 200, seed=5)]
     assert max(lengths) < CHAIN_GEN_LENGTH  # room for at least one EOS
-    assert min(lengths) >= 63  # long answers: the point of the suite
+    assert min(lengths) >= 79  # long answers: the point of the suite
 
 
 def test_bench_uses_the_suites_own_generation_length(tmp_path):
