@@ -596,8 +596,8 @@ ORACLE_SUITES: dict[str, OracleTask] = {
     "oracle-pivot": PivotTask(
         "oracle-pivot",
         "sticky HMM (8 states, 64 symbols in 8 groups, length 64, stay 0.95): TV to exact laws of run statistics",
-        # ~3.2 switches per sequence. At 1024 samples exact sampling sits at TV ~0.03 (q95 ~0.05);
-        # random order at 4 tokens per step breaks runs (TV ~0.8), confidence order stretches them.
+        # ~3.15 switches per sequence. At 1024 samples exact sampling sits at TV 0.060 (q95 0.075; the
+        # noise of T dominates); random order at 4 tokens per step breaks runs (TV(S) ~0.8 at 512).
         lambda: PivotOracle(8, 8, 64, stay=0.95, seed=0, concentration=0.5),
         num_samples=1024),
 }
