@@ -52,6 +52,8 @@ class DecodingConfig:
     shift_logits: bool | None = None
     generation_config: Any = None
     progress: bool = False
+    window_blocks: int = 1
+    window_open_at: float = 0.1
 
     def __post_init__(self) -> None:
         self.validate()
@@ -81,10 +83,27 @@ class DecodingConfig:
             raise ValueError(f"sampler_config must be a dict of sampler options, got {type(self.sampler_config).__name__}")
         if self.generator is not None and not isinstance(self.generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator, got {type(self.generator).__name__}")
+        self._validate_window()
         for name in ("mask_token_id", "eos_token_id"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name} must be a token id (an integer >= 0), got {value!r}")
+
+    def _validate_window(self) -> None:
+        """The D2F-style block window (`dlm.block_window`): W >= 1 blocks, an opening fraction in [0, 1],
+        no prefix/dual cache (their K/V belong to one block's prefix/suffix)."""
+        w, at = self.window_blocks, self.window_open_at
+        if not isinstance(w, int) or isinstance(w, bool) or w < 1:
+            raise ValueError(f"window_blocks must be an integer >= 1 (1 decodes one block at a time; D2F-style "
+                             f"windows use 2 or more), got {w!r}")
+        if not isinstance(at, (int, float)) or isinstance(at, bool) or not 0 <= at <= 1:
+            raise ValueError(f"window_open_at must be a fraction in [0, 1] (D2F opens the next block at 0.1 of "
+                             f"the last one decoded), got {at!r}")
+        if w == 1 and at != 0.1:
+            raise ValueError("window_open_at has no effect with window_blocks=1; pass window_blocks >= 2 or drop it")
+        if w > 1 and self.kv_cache in ("prefix", "dual"):
+            raise ValueError(f"window_blocks > 1 decodes several blocks at once, which kv_cache={self.kv_cache!r} "
+                             "(K/V around one block) cannot serve; use kv_cache='none', 'prompt' or 'auto'")
 
     def replace(self, **changes: Any) -> "DecodingConfig":
         """A validated copy with `changes` applied."""

@@ -46,6 +46,8 @@ _MASKED_ONLY = {
     "cut_trailing_masks": "the decoder only ever sees the current canvas",
     "shift_logits": "its decoder's logits are aligned with the canvas",
     "eos_early_stop": "rows stop at EOS as transformers' generate stops them (always on when an EOS id is set)",
+    "window_blocks": "its canvases are decoded one after another",
+    "window_open_at": "its canvases are decoded one after another",
 }
 
 

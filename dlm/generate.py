@@ -46,6 +46,8 @@ def generate(
     progress: bool = False,
     sampler_config: dict | None = None,
     generation_config=None,
+    window_blocks: int = 1,
+    window_open_at: float = 0.1,
 ) -> GenerateOutput:
     """Generate after each prompt with a diffusion LM: masked (LLaDA, Dream, LLaDA2, tiny-dlm) or
     uniform-noise (transformers' DiffusionGemma).
@@ -111,13 +113,26 @@ def generate(
         eos_early_stop: once a finished block holds EOS, fill the rest of that row with EOS and stop
             decoding it (dInfer); the other rows go on. None (default): on when the EOS id is known
             (the same default in `DLMPipeline`, the CLI and `dlm bench`); False decodes every block.
-            With a sampler that neither remasks nor looks ahead, a row also leaves the model's batch
-            inside a block as soon as it holds an EOS with no mask before it (its output is then
-            fixed); the sampler still sees it, with zero logits, so its random draws and the other
-            rows' outputs are the same as without this skip.
+            With a sampler that does not remask, a row also leaves the model's batch inside a block
+            as soon as it holds an EOS with no mask before it (its output is then fixed), and leaves
+            a lookahead sampler's `ctx.forward` calls once all its candidates are so finished (LoPA:
+            once its anchor is); the sampler still sees it, with zero logits, so its random draws
+            and the other rows' outputs are the same as without this skip.
         shift_logits: True for Dream-style models (`logits[:, i-1]` predicts token i); inferred from
             the config when None.
-        callback / return_trace: observe each step as a `StepTrace`.
+        window_blocks / window_open_at: a D2F-style multi-block window (Wang et al., 2025, Discrete
+            Diffusion Forcing; the setting of LoPA's published numbers), off by default (1). With
+            `window_blocks=W >= 2` up to W blocks decode at once: per row, the next block opens (its
+            masks become candidates) once the last open block is `window_open_at` decoded (D2F: 0.1
+            for math, 0.3 for code), and no block opens past a committed EOS (with EOS stop). The
+            sampler sees the open blocks as one block (a lookahead sampler's branches span them); the
+            budget stays exact: the first unfinished block gets its usual share of `steps`, and its
+            last pass fills it. Needs a sampler that does not remask, and kv_cache 'none' or 'prompt'
+            ('auto' picks one of them; 'prefix'/'dual' raise ValueError). See `dlm.block_window`.
+        callback / return_trace: observe each step as a `StepTrace`. When rows finish inside a step
+            of a lookahead sampler (they leave its lookahead call), that step gives one record for
+            its own pass and one per lookahead call, each over the rows it ran, so summing `forwards`
+            over a row's records counts the passes that row took part in.
         progress: show a progress bar over the budget on stderr.
 
     Returns:
@@ -129,7 +144,8 @@ def generate(
         temperature=temperature, mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,
         kv_cache=kv_cache, cache_refresh_every=cache_refresh_every, cfg_scale=cfg_scale,
         cache_across_blocks=cache_across_blocks, cut_trailing_masks=cut_trailing_masks, eos_early_stop=eos_early_stop,
-        shift_logits=shift_logits, generation_config=generation_config, progress=progress)
+        shift_logits=shift_logits, generation_config=generation_config, progress=progress,
+        window_blocks=window_blocks, window_open_at=window_open_at)
     policy = None if sampler is None else get_sampler(sampler, **(sampler_config or {}))
     if policy is not None and policy.ensemble:
         from dlm.ensemble import run_hex

@@ -12,6 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dlm.adapters import DLMAdapter
+from dlm.block_window import BlockWindow, fit_logits
 from dlm.decoding_config import DecodingConfig
 from dlm.outputs import GenerateOutput, StepTrace, nonfinite_positions, raise_nonfinite
 from dlm.schedule import block_budget, tokens_this_step, validate_lengths
@@ -77,9 +78,7 @@ class _BlockForward:
         `x` is `[R, L]`; with `live` (`[R']` sorted row indices) only those rows are forwarded and the
         other rows' logits are zeros."""
         a = self.adapter
-        if self.mode == "prompt" and self.carried is not None and self.cache is None:
-            # the prompt's K/V came with the block: every step is a window over the response
-            self.cache, self.cache_rows = self.carried[0], None
+        self._adopt_prompt_cache()
         refresh = bool(self.refresh_every) and step % self.refresh_every == 0
         full = self.mode == "none" or refresh or (step == 0 and self.cache is None)
         x_in, mask, pos = self._inputs(x, end, live)
@@ -105,6 +104,11 @@ class _BlockForward:
             hidden[live] = self.hidden
             self.hidden = hidden
         return out, full
+
+    def _adopt_prompt_cache(self) -> None:
+        if self.mode == "prompt" and self.carried is not None and self.cache is None:
+            # the prompt's K/V came with the block: every step is a window over the response
+            self.cache, self.cache_rows = self.carried[0], None
 
     def _window(self, length: int, start: int, end: int) -> tuple[int, int]:
         """Positions `(lo, hi)` a cached step recomputes, for an input of `length` positions: the
@@ -146,23 +150,27 @@ class _BlockForward:
         self.forward_tokens += x.shape[0] * (x.shape[1] - lo)
         return raw, lo
 
-    def branches(self, x: torch.Tensor, k: int, start: int, end: int) -> torch.Tensor:
-        """Aligned block logits `[R*k, end-start, V]` for `x [R*k, L]`: each of the block's R rows
-        repeated k times (row-major), differing only inside the block.
+    def branches(self, x: torch.Tensor, k: int, start: int, end: int, live: torch.Tensor | None = None) -> torch.Tensor:
+        """Aligned block logits `[R'*k, end-start, V]` for `x [R'*k, L]`: each of R' block rows
+        repeated k times (row-major), differing only inside the block. `live` (`[R']` sorted indices
+        into the block's rows, None for all) names the rows `x` holds: rows whose output is already
+        fixed leave lookahead calls too.
 
         Reuses the block's KV cache when there is one (the prefix, and for "dual" also the suffix,
         are identical for all k candidates of a row, so the cached K/V are repeated, not
-        recomputed); without a cache it is one full forward over all R*k rows."""
+        recomputed); without a cache it is one full forward over all R'*k rows."""
         a = self.adapter
-        mask = None if self.attention_mask is None else self.attention_mask.repeat_interleave(k, dim=0)
-        pos = None if self.position_ids is None else self.position_ids.repeat_interleave(k, dim=0)
+        self._adopt_prompt_cache()  # a block's first step may reuse logits and look ahead before any forward
+        mask, pos = (None if t is None else (t if live is None else t[live]).repeat_interleave(k, dim=0)
+                     for t in (self.attention_mask, self.position_ids))
         x, mask, pos = _select(x, mask, pos, end if self.cut else None, None)
         if self.mode == "none" or self.cache is None:
             return a.align(self._full(x, mask, pos, keep_cache=False), 0, start, end)
-        if self._repeated is None or self._repeated[0] != k:
-            self._repeated = (k, _repeat_cache_rows(self.cache, k))
+        held = self._repeated
+        if held is None or held[0] != k or not _same_rows(held[1], live):
+            self._repeated = held = (k, live, _repeat_cache_rows(self._cache_for(live), k))
         lo, hi = self._window(x.shape[1], start, end)
-        raw = a.window(x, self._repeated[1], lo, hi, mask, pos)
+        raw = a.window(x, held[2], lo, hi, mask, pos)
         self.forward_tokens += x.shape[0] * (hi - lo)
         return a.align(raw, lo, start, end)
 
@@ -195,6 +203,13 @@ class _BlockForward:
                 cache = _slice_cache(cache, self._response_start())
             self.cache, self._repeated, self.cache_rows = cache, None, live
         return raw
+
+
+def _same_rows(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether two row selections (None: every row) are the same."""
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and torch.equal(a, b)
 
 
 def _repeat_cache_rows(cache, k: int):
@@ -272,16 +287,39 @@ def _rows_needing_model(block_x: torch.Tensor, eos_id: int, mask_id: int) -> tor
     return ~((block_x == eos_id) & (masks_before == 0)).any(dim=1)
 
 
+def _candidates_needing_model(candidates: torch.Tensor, eos_id: int, mask_id: int) -> torch.Tensor:
+    """`[R]` bool: rows of a lookahead call whose output still depends on the call's logits.
+
+    `candidates` `[R, k, Lb]`. A row does not, when every one of its k candidates is finished (an
+    EOS with no mask before it, see `_rows_needing_model`) and all k agree up to that EOS: whichever
+    candidate the sampler keeps, the row's output is then the same (`_stop_at_eos` overwrites what
+    follows the EOS). LoPA's branches of a finished anchor are such rows: each fills one mask, and
+    the anchor has none before its EOS."""
+    R, k, Lb = candidates.shape
+    finished = ~_rows_needing_model(candidates.reshape(R * k, Lb), eos_id, mask_id).view(R, k).any(dim=1)
+    first = candidates[:, 0]
+    index = torch.arange(Lb, device=candidates.device)
+    eos_at = torch.where(first == eos_id, index, Lb).min(dim=1).values  # [R]
+    upto = index.unsqueeze(0) <= eos_at.unsqueeze(1)  # [R, Lb]
+    agree = ((candidates == first.unsqueeze(1)) | ~upto.unsqueeze(1)).all(dim=2).all(dim=1)
+    return ~(finished & agree)
+
+
 class _LookaheadForward:
     """`ctx.forward` of one step: logits of k candidate blocks per row, one batched model call each.
 
     Counted by the driver: each call is one NFE and `k` branch forwards per row; calls stop at the
-    block's remaining share of the step budget (a further call raises)."""
+    block's remaining share of the step budget (a further call raises). With `eos_id` (per-row EOS
+    stop on), rows whose output no candidate can change (`_candidates_needing_model`) leave the
+    call: their logits come back as zeros, and a call that leaves no row runs no model and costs
+    nothing (`free_calls`). `row_sets` records, per call that ran, the block rows it ran (None: all)."""
 
-    def __init__(self, forward: _BlockForward, x_rows: torch.Tensor, start: int, end: int, mask_id: int, allowance: int):
+    def __init__(self, forward: _BlockForward, x_rows: torch.Tensor, start: int, end: int, mask_id: int, allowance: int,
+                 eos_id: int | None = None, like: torch.Tensor | None = None):
         self.forward, self.x_rows, self.start, self.end = forward, x_rows, start, end
-        self.mask_id, self.allowance = mask_id, allowance
-        self.calls, self.branches = 0, 0
+        self.mask_id, self.allowance, self.eos_id, self.like = mask_id, allowance, eos_id, like
+        self.calls, self.branches, self.free_calls = 0, 0, 0
+        self.row_sets: list[tuple[torch.Tensor | None, int]] = []
 
     @property
     def left(self) -> int:
@@ -292,13 +330,27 @@ class _LookaheadForward:
         R, Lb = self.x_rows.shape[0], self.end - self.start
         check_lookahead_call(candidates, R, Lb, self.left, "block")
         k = candidates.shape[1]
-        x = self.x_rows.repeat_interleave(k, dim=0)
-        x[:, self.start:self.end] = candidates.reshape(R * k, Lb)
-        logits = self.forward.branches(x, k, self.start, self.end)
-        logits[..., self.mask_id] = float("-inf")  # as for the driver's own logits
-        self.calls += 1
-        self.branches += k
-        return logits.reshape(R, k, Lb, -1)
+        live = None
+        if self.eos_id is not None:
+            live = _live_index(_candidates_needing_model(candidates, self.eos_id, self.mask_id))
+        if live is not None and live.numel() == 0:
+            self.free_calls += 1  # every row is finished: no model call, nothing to count
+            out = self.like.new_zeros((R * k, Lb, self.like.shape[-1]))
+        else:
+            sub = candidates if live is None else candidates[live]
+            x = (self.x_rows if live is None else self.x_rows[live]).repeat_interleave(k, dim=0)
+            x[:, self.start:self.end] = sub.reshape(-1, Lb)
+            logits = self.forward.branches(x, k, self.start, self.end, live)
+            if live is None:
+                out = logits
+            else:
+                out = logits.new_zeros((R, k, *logits.shape[1:]))
+                out[live] = logits.view(live.numel(), k, *logits.shape[1:])
+            self.calls += 1
+            self.branches += k
+            self.row_sets.append((live, k))
+        out[..., self.mask_id] = float("-inf")  # as for the driver's own logits
+        return out.reshape(R, k, Lb, -1)
 
 
 def check_lookahead_call(candidates: torch.Tensor, rows: int, block_length: int, left: int, unit: str) -> None:
@@ -394,10 +446,20 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
         # The model defines its own position scheme; computed once, since the prompt never changes.
         positions = model_positions(x, full_mask)
     active = torch.ones(batch, dtype=torch.bool, device=device)
-    # Per-step EOS stop needs committed tokens to stay (a remasking sampler can reopen them) and a
-    # full batch for lookahead calls, which share the block's cache row for row.
-    skip_finished = eos_early_stop and not policy.remasks and not policy.looks_ahead
+    # Per-step EOS stop needs committed tokens to stay (a remasking sampler can reopen them). A
+    # lookahead sampler's calls drop finished rows too (`_LookaheadForward`).
+    skip_finished = eos_early_stop and not policy.remasks
+    eos_for_skip = adapter.eos_token_id if skip_finished else None
+    window = None
+    if config.window_blocks > 1 and num_blocks > 1:
+        if policy.remasks:
+            raise ValueError(f"window_blocks > 1 needs a sampler that does not remask ({policy.name!r} does): "
+                             "its window commits across blocks; use window_blocks=1")
+        window = BlockWindow(size=config.window_blocks, open_at=config.window_open_at, num_blocks=num_blocks,
+                             block_length=block_length, prompt_length=prompt_length, batch=batch, device=device,
+                             mask_id=mask_id, eos_id=adapter.eos_token_id if eos_early_stop else None)
     previous = None  # (forward, rows, start) of the last block, whose cache the next block extends
+    carried = None  # window only: (logits, rows, start) a lookahead left for the next head's first step
     state = policy.init_state(batch, total_length, device)
     trace: list[StepTrace] = []
     steps_per_block: list[int] = []
@@ -419,46 +481,63 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
         forward.want_hidden = policy.needs_hidden_states
         if previous is not None:
             forward.carried = _carry_cache(*previous, rows)
-        used, step, reuse = 0, 0, None
+        used, step, reuse = 0, 0, carried
+        carried = None
         nonfinite = None  # `[]` long: positions with a NaN/inf logit in the last forward
         while True:
             x_rows = x[rows]
-            block_x = x_rows[:, start:end]
+            span_end, eligible = end, None
+            if window is not None:
+                window.advance(x_rows, rows, block)
+                span_end = window.span_end(rows, block)
+                eligible = window.eligible(rows, block, span_end - start)
+            block_x = x_rows[:, start:span_end]
             candidates = block_x == mask_id
-            masks_left = candidates.sum(dim=1)
+            if eligible is not None:
+                candidates &= eligible
+            head_left = (block_x[:, :block_length] == mask_id).sum(dim=1)
             # One host sync per step (the block may finish early), which also reads the previous
             # forward's non-finite count: the check costs a reduction, not a second sync.
-            if not _block_open(masks_left, nonfinite, block, step - 1):
+            if not _block_open(head_left, nonfinite, block, step - 1):
                 break
             live = None
+            if skip_finished:
+                live = _live_index(_rows_needing_model(block_x, adapter.eos_token_id, mask_id))
+                if live is not None and live.numel() == 0:
+                    break  # every row is finished: the EOS fill below completes the block
             if reuse is not None:
                 # The sampler's lookahead call already ran the model on exactly this block state.
                 logits, was_full, forwards = reuse, False, 0
+                if window is not None:
+                    logits = fit_logits(*reuse, rows, start, span_end - start, mask_id)
             else:
                 if used >= budget:  # unreachable: the step that spent the budget filled every mask
                     raise RuntimeError("internal error: block has masks left but no forward passes")
-                if skip_finished:
-                    live = _live_index(_rows_needing_model(block_x, adapter.eos_token_id, mask_id))
-                    if live is not None and live.numel() == 0:
-                        break  # every row is finished: the EOS fill below completes the block
-                logits, was_full = forward(x_rows, step, start, end, live)
+                logits, was_full = forward(x_rows, step, start, span_end, live)
                 nonfinite = nonfinite_positions(logits)
                 # The mask token is never a valid answer; an untrained or off-distribution model may
                 # still rank it first, which would "commit" a mask.
                 logits[..., mask_id] = float("-inf")
                 used, forwards = used + 1, 1
             last = used >= budget
+            if last and window is not None:
+                candidates[:, block_length:] = False  # the head's last pass: fill the head only
+            masks_left = candidates.sum(dim=1)
+            # The head's quota (at least one token wherever a row has candidates).
+            quota = torch.maximum(tokens_this_step(head_left, budget - used + 1), (masks_left > 0).long())
             lookahead = None
             if policy.looks_ahead and not last:
-                lookahead = _LookaheadForward(forward, x_rows, start, end, mask_id, budget - used)
+                lookahead = _LookaheadForward(forward, x_rows, start, span_end, mask_id, budget - used,
+                                              eos_id=eos_for_skip, like=logits)
             ctx = StepContext(
-                x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, budget - used + 1),
+                x=block_x, candidates=candidates, num_transfer=quota,
                 step=step, steps_in_block=budget, last_step=last, temperature=temperature,
                 generator=generator, mask_token_id=mask_id, block_start=start, state=state, rows=rows,
                 forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left,
                 hidden=forward.hidden)
             result = policy.step(logits, ctx)
-            new_block = _enforce_contract(result, block_x, candidates, masks_left, policy.remasks, last, mask_id)
+            new_block = _enforce_contract(result, block_x, candidates, masks_left, policy.remasks, last, mask_id,
+                                          fillable=None if window is None else candidates)
             branches = forwards
             if lookahead is not None:
                 used += lookahead.calls
@@ -467,22 +546,27 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
             reuse = _reusable_logits(result, new_block, lookahead)
             if reuse is None and used >= budget:
                 # The sampler spent the last pass on a lookahead whose logits cannot serve the next
-                # step: nothing is left to run, so its proposal fills the block now.
-                new_block = torch.where(new_block == mask_id, result.proposal, new_block)
-            x[rows, start:end] = new_block
+                # step: nothing is left to run, so its proposal fills the block (the head) now.
+                fill = new_block == mask_id
+                if window is not None:
+                    fill &= candidates & (torch.arange(fill.shape[1], device=device) < block_length)
+                new_block = torch.where(fill, result.proposal, new_block)
+            if reuse is not None and window is not None:
+                reuse = (reuse, rows, start)
+            x[rows, start:span_end] = new_block
             nfe += forwards
             branch_forwards += branches
             bar.update(forwards)
             if callback is not None or return_trace:
-                left = (new_block == mask_id).sum(dim=1)
-                seen = slice(None) if live is None else live  # finished rows took no forward
-                record = StepTrace(block, step, nfe, rows[seen], (masks_left - left)[seen], left[seen], was_full,
-                                   forwards, branches, new_block[seen].clone() if return_trace else None)
-                if callback is not None:
-                    callback(record)
-                if return_trace:
-                    trace.append(record)
+                for record in _step_records(block, step, nfe, rows, live, block_x, new_block, mask_id, was_full,
+                                            forwards, branches, lookahead, return_trace):
+                    if callback is not None:
+                        callback(record)
+                    if return_trace:
+                        trace.append(record)
             step += 1
+        if window is not None:
+            carried = reuse  # the next head starts from these logits when the lookahead left some
         forward_tokens += forward.forward_tokens
         if kv_cache == "prompt" or (cache_across_blocks and not forward.cut):  # a cut forward's cache ends at `end`
             previous = (forward, rows, start)
@@ -510,6 +594,30 @@ def _check_special_ids(adapter: DLMAdapter) -> None:
                              f"own {name} or leave it to the config")
 
 
+def _step_records(block: int, step: int, nfe: int, rows: torch.Tensor, live, block_x: torch.Tensor,
+                  new_block: torch.Tensor, mask_id: int, was_full: bool, forwards: int, branches: int, lookahead,
+                  keep_tokens: bool) -> list[StepTrace]:
+    """The `StepTrace` records of one step: one record, unless a lookahead call ran on fewer rows than
+    the step's own forward (rows that finished inside the step leave the call). Then the first record
+    holds the step's own pass (`forwards` 0 or 1) and each call adds a record of its rows
+    (`forwards` 1, `branch_forwards` k, nothing committed), so summing a row's records gives the
+    passes that row took part in, and all records together still sum to `nfe`."""
+    before = (block_x == mask_id).sum(dim=1)
+    left = (new_block == mask_id).sum(dim=1)
+    seen = slice(None) if live is None else live
+    tokens = new_block[seen].clone() if keep_tokens else None
+    calls = [] if lookahead is None else lookahead.row_sets
+    if all(_same_rows(r, live) for r, _ in calls):
+        return [StepTrace(block, step, nfe, rows[seen], (before - left)[seen], left[seen], was_full, forwards, branches,
+                          tokens)]
+    own = forwards - len(calls)  # the step's own forward pass: 0 when it reused lookahead logits
+    records = [StepTrace(block, step, nfe, rows[seen], (before - left)[seen], left[seen], was_full, own, own, tokens)]
+    for r, k in calls:
+        sel = slice(None) if r is None else r
+        records.append(StepTrace(block, step, nfe, rows[sel], torch.zeros_like(left[sel]), left[sel], False, 1, k, None))
+    return records
+
+
 def _block_open(masks_left: torch.Tensor, nonfinite: torch.Tensor | None, block: int, step: int) -> bool:
     """True while the block has masks; raises `NonFiniteLogitsError` if the last forward (block
     `block`, step `step`) produced non-finite logits. One host sync for both."""
@@ -528,7 +636,7 @@ def _reusable_logits(result, new_block: torch.Tensor, lookahead) -> torch.Tensor
     nxt = getattr(result, "next_logits", None)
     if nxt is None:
         return None
-    if lookahead is None or lookahead.calls == 0:
+    if lookahead is None or lookahead.calls + lookahead.free_calls == 0:
         raise RuntimeError("StepResult.next_logits must come from this step's ctx.forward call; "
                            "return next_logits=None otherwise")
     if nxt.shape[:2] != new_block.shape:
@@ -577,6 +685,9 @@ def check_prompt_ids(adapter: DLMAdapter, input_ids: torch.Tensor, attention_mas
     return attention_mask
 
 
-def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, last: bool, mask_id: int) -> torch.Tensor:
-    """The driver's guarantees (`samplers.contract.enforce_step_contract`), `[R, Lb]`."""
-    return enforce_step_contract(result, block_x, candidates, remasks=remasks, last=last, mask_id=mask_id)
+def _enforce_contract(result, block_x, candidates, masks_left, remasks: bool, last: bool, mask_id: int,
+                      fillable: torch.Tensor | None = None) -> torch.Tensor:
+    """The driver's guarantees (`samplers.contract.enforce_step_contract`), `[R, Lb]`; `fillable`
+    (the window's candidates) keeps them off masks that are not candidates."""
+    return enforce_step_contract(result, block_x, candidates, remasks=remasks, last=last, mask_id=mask_id,
+                                 fillable=fillable)

@@ -17,6 +17,11 @@ threshold next time), others do not. LoPA searches over orders cheaply. One roun
    the best branch (ties go to the anchor) becomes the block, and its logits from step 3 serve the
    next round's threshold fill (`StepResult.next_logits`), so each round costs one forward.
 
+Published setting: D2F's multi-block window (`dlm.generate(window_blocks=..., window_open_at=...)`,
+see `dlm.block_window`): the block seen here is then the window's open blocks, the branches' extra
+tokens and the readiness score span all of them (only masks the step may fill count). With per-row
+EOS stop, a row whose anchor is finished (an EOS with no mask before it) leaves the lookahead call.
+
 Choices here (not fixed by the paper, which runs on D2F-distilled models): the threshold fill uses
 this project's `threshold` sampler unchanged, so with `branches=1` LoPA commits exactly what
 `threshold` commits with the same number of forward passes (the anchor's own logits come from the
@@ -41,26 +46,34 @@ from samplers.unmasking.threshold import ThresholdSampler
 @dataclass(frozen=True)
 class LopaConfig(SamplerConfig):
     """branches: k, the anchor plus k-1 lookahead branches (the paper uses 2-4; 1 is plain
-    threshold decoding through the lookahead path). tau: threshold of the fill, in (0, 1]."""
+    threshold decoding through the lookahead path). tau: threshold of the fill, in (0, 1].
+    branch_min_confidence: a branch's extra token needs at least this confidence, else that branch
+    is not tried (it repeats the anchor); 0, the default, tries every one (the paper's rule)."""
 
     branches: int = 3
     tau: float = 0.9
+    branch_min_confidence: float = 0.0
 
     def validate(self) -> None:
         if not isinstance(self.branches, int) or not 1 <= self.branches <= 16:
             raise ValueError(f"branches must be an integer in [1, 16] (the paper uses 2-4), got {self.branches!r}")
         if not 0 < self.tau <= 1:
             raise ValueError(f"tau must be in (0, 1], got {self.tau}")
+        m = self.branch_min_confidence
+        if not isinstance(m, (int, float)) or isinstance(m, bool) or not 0 <= m <= 1:
+            raise ValueError(f"branch_min_confidence must be in [0, 1] (0 is off: every branch's extra token is "
+                             f"tried), got {m!r}")
 
 
 def lookahead_branches(anchor: torch.Tensor, proposal: torch.Tensor, confidence: torch.Tensor,
-                       remaining: torch.Tensor, k: int) -> torch.Tensor:
+                       remaining: torch.Tensor, k: int, min_confidence: float = 0.0) -> torch.Tensor:
     """The anchor plus k-1 copies, copy j with the j-th most confident remaining mask filled.
 
     Args: anchor, proposal `[B, Lb]` long; confidence `[B, Lb]` float; remaining `[B, Lb]` bool
-    (masks left in the anchor). Returns `[B, k, Lb]` long, branch 0 = anchor. A row with fewer
-    than k-1 remaining masks repeats the anchor in its spare branches (they score like it, and ties
-    go to the anchor).
+    (masks left in the anchor); min_confidence: an extra token below it is not tried. Returns
+    `[B, k, Lb]` long, branch 0 = anchor. A row with fewer than k-1 remaining masks (at or above
+    `min_confidence`) repeats the anchor in its spare branches (they score like it, and ties go to
+    the anchor).
     """
     B, Lb = anchor.shape
     branches = anchor.unsqueeze(1).repeat(1, k, 1)
@@ -68,7 +81,7 @@ def lookahead_branches(anchor: torch.Tensor, proposal: torch.Tensor, confidence:
     if extra == 0:
         return branches
     top = masked_scores(confidence, remaining).topk(extra, dim=-1)
-    valid = torch.isfinite(top.values)  # [B, extra]
+    valid = torch.isfinite(top.values) & (top.values >= min_confidence)  # [B, extra]
     pos = top.indices
     fill = torch.zeros(B, extra, Lb, dtype=torch.bool, device=anchor.device)
     fill.scatter_(2, pos.unsqueeze(-1), valid.unsqueeze(-1))
@@ -76,12 +89,17 @@ def lookahead_branches(anchor: torch.Tensor, proposal: torch.Tensor, confidence:
     return branches
 
 
-def readiness(logits: torch.Tensor, branches: torch.Tensor, mask_id: int) -> torch.Tensor:
+def readiness(logits: torch.Tensor, branches: torch.Tensor, mask_id: int,
+              eligible: torch.Tensor | None = None) -> torch.Tensor:
     """Mean negative entropy over each branch's remaining masks; 0 for a branch with none.
 
-    Args: logits `[B, k, Lb, V]`, branches `[B, k, Lb]`. Returns `[B, k]` float (<= 0)."""
+    Args: logits `[B, k, Lb, V]`, branches `[B, k, Lb]`; eligible `[B, Lb]` bool, the positions
+    that may be filled (the step's candidates: in a multi-block window, the open blocks' masks),
+    None for every mask. Returns `[B, k]` float (<= 0)."""
     negent = negative_entropy(token_probs(logits))
     left = branches == mask_id
+    if eligible is not None:
+        left = left & eligible.unsqueeze(1)
     total = torch.where(left, negent, torch.zeros_like(negent)).sum(dim=-1)
     return total / left.sum(dim=-1).clamp_min(1)
 
@@ -105,8 +123,10 @@ class LopaSampler(Sampler):
         # to `threshold` in forward passes too).
         if ctx.forward is None or not bool(remaining.any()):
             return filled
-        branches = lookahead_branches(anchor, proposal, confidence, remaining, self.config.branches)
+        branches = lookahead_branches(anchor, proposal, confidence, remaining, self.config.branches,
+                                      self.config.branch_min_confidence)
         branch_logits = ctx.forward(branches)  # [B, k, Lb, V], one NFE
-        best = readiness(branch_logits, branches, ctx.mask_token_id).argmax(dim=1)  # first max: anchor wins ties
+        score = readiness(branch_logits, branches, ctx.mask_token_id, ctx.candidates)
+        best = score.argmax(dim=1)  # first max: anchor wins ties
         rows = torch.arange(anchor.shape[0], device=anchor.device)
         return StepResult(branches[rows, best], proposal, confidence, next_logits=branch_logits[rows, best])
