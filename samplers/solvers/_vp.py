@@ -80,14 +80,14 @@ def make_betas(
     beta_schedule: str = "linear",
     trained_betas: Optional[Sequence[float]] = None,
 ) -> torch.Tensor:
-    """Betas ``[T]`` (float32) for a named schedule, or ``trained_betas`` when given."""
+    """Betas ``[T]`` (float32) for a named schedule, or ``trained_betas`` (``[T']``) when given.
+
+    As in diffusers, ``trained_betas`` are taken as given, whatever their length: a config is loaded and
+    saved with them, and :func:`check_schedule_covers` refuses the mismatch once a grid is asked for."""
     if trained_betas is not None:
         betas = torch.as_tensor(np.asarray(trained_betas), dtype=torch.float32)
-        if betas.ndim != 1 or betas.numel() != num_train_timesteps:
-            raise ValueError(
-                f"trained_betas has {betas.numel()} values but num_train_timesteps={num_train_timesteps}; "
-                "pass one beta per training timestep"
-            )
+        if betas.ndim != 1 or betas.numel() < 1:
+            raise ValueError(f"trained_betas must be a non-empty 1-D list of betas, got shape {tuple(betas.shape)}")
         return betas
     if beta_schedule == "linear":
         return torch.linspace(beta_start, beta_end, num_train_timesteps, dtype=torch.float32)
@@ -115,6 +115,22 @@ def rescale_zero_terminal_snr(betas: torch.Tensor) -> torch.Tensor:
     return 1.0 - alphas
 
 
+def make_schedule(
+    num_train_timesteps: int = 1000,
+    beta_start: float = 0.0001,
+    beta_end: float = 0.02,
+    beta_schedule: str = "linear",
+    trained_betas: Optional[Sequence[float]] = None,
+    rescale_betas_zero_snr: bool = False,
+):
+    """``(betas [T], alphas_cumprod [T])`` (float32) for a VP config, the betas after any zero-SNR
+    rescaling (diffusers' ``scheduler.betas``)."""
+    betas = make_betas(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas)
+    if rescale_betas_zero_snr:
+        betas = rescale_zero_terminal_snr(betas)
+    return betas, torch.cumprod(1.0 - betas, dim=0)
+
+
 def make_alphas_cumprod(
     num_train_timesteps: int = 1000,
     beta_start: float = 0.0001,
@@ -124,10 +140,20 @@ def make_alphas_cumprod(
     rescale_betas_zero_snr: bool = False,
 ) -> torch.Tensor:
     """``alpha_bar_t`` ``[T]`` (float32) for a VP config."""
-    betas = make_betas(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas)
-    if rescale_betas_zero_snr:
-        betas = rescale_zero_terminal_snr(betas)
-    return torch.cumprod(1.0 - betas, dim=0)
+    return make_schedule(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas,
+                         rescale_betas_zero_snr)[1]
+
+
+def check_schedule_covers(alphas_cumprod: torch.Tensor, num_train_timesteps: int) -> None:
+    """A grid over ``num_train_timesteps`` needs one level per training timestep. ``trained_betas`` of
+    another length are accepted at construction (diffusers' rule, so such configs load and save), but a
+    grid on them would index past the schedule: diffusers' PNDM and DDIM then fail with ``IndexError``
+    at the first step and its DPM-Solver and UniPC run to non-finite samples; we refuse here."""
+    if len(alphas_cumprod) != num_train_timesteps:
+        raise ValueError(
+            f"trained_betas has {len(alphas_cumprod)} values but num_train_timesteps={num_train_timesteps}: "
+            "pass one beta per training timestep (or set num_train_timesteps=len(trained_betas))"
+        )
 
 
 def vp_timesteps(

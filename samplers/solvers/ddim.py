@@ -37,10 +37,11 @@ from samplers.solvers._vp import (
     check_prediction_type,
     check_thresholding,
     dynamic_threshold,
-    make_alphas_cumprod,
+    make_schedule,
     randn_like_gen,
     to_eps_x0,
     check_one_grid_source,
+    check_schedule_covers,
     custom_timesteps,
     vp_timesteps,
 )
@@ -95,9 +96,10 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
         if eta < 0:
             raise ValueError(f"eta must be >= 0 (0 = deterministic DDIM, 1 = DDPM variance), got {eta}")
-        self.alphas_cumprod = make_alphas_cumprod(
+        self.betas, self.alphas_cumprod = make_schedule(
             num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
         )
+        self.alphas = 1.0 - self.betas
         self.final_alpha_cumprod = 1.0 if set_alpha_to_one else float(self.alphas_cumprod[0])
         self.init_noise_sigma = 1.0
         self.num_inference_steps = None
@@ -109,6 +111,7 @@ class DDIMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         """Fill ``timesteps`` (descending, ``[N]``) from ``num_inference_steps`` (diffusers' grid and step
         targets) or from a custom ``timesteps`` grid (steps go to the next grid point)."""
         check_one_grid_source(num_inference_steps, timesteps)
+        check_schedule_covers(self.alphas_cumprod, self.config.num_train_timesteps)
         T = self.config.num_train_timesteps
         if timesteps is None:
             timesteps = fitted_or_default(self.config, "ddim", num_inference_steps)

@@ -59,11 +59,12 @@ from samplers.solvers._vp import (
     check_off,
     check_grid_options,
     check_one_grid_source,
+    check_schedule_covers,
     check_prediction_type,
     check_thresholding,
     dynamic_threshold,
     custom_timesteps,
-    make_alphas_cumprod,
+    make_schedule,
     to_eps_x0,
 )
 
@@ -121,20 +122,23 @@ def dpm_timesteps(
     beta_schedule: str = "linear",
     grid: Optional[str] = None,
     round_karras_always: bool = False,
+    sigma_range: Optional[tuple] = None,
 ):
     """Descending timesteps ``[N]`` (int64) and the VP sigmas ``[N]`` the steps use; see the module docstring.
 
     ``grid`` (one of :data:`SIGMA_GRIDS`) spaces the sigmas by :func:`sigma_grid` over the whole training
     range instead; as in diffusers the model is called at the timesteps of those sigmas (rounded for
     ``karras`` except on the cosine schedule unless ``round_karras_always``, UniPC's rule; truncated
-    otherwise) while the step coefficients keep the exact sigmas."""
+    otherwise) while the step coefficients keep the exact sigmas. ``sigma_range = (sigma_min, sigma_max)``
+    replaces either end of that grid where not None (UniPC's ``sigma_min`` / ``sigma_max`` config keys)."""
     T = len(alphas_cumprod)
     N = int(num_inference_steps)
     if N < 1 or N > T:
         raise ValueError(f"num_inference_steps must be in [1, {T}], got {num_inference_steps}")
     sig = _vp_sigmas(alphas_cumprod)
     if grid is not None:
-        sigmas = sigma_grid(grid, float(sig[0]), float(sig[-1]), N)
+        lo, hi = sigma_range or (None, None)
+        sigmas = sigma_grid(grid, float(sig[0] if lo is None else lo), float(sig[-1] if hi is None else hi), N)
         # log sigma in float32, as diffusers takes it: the largest grid sigma then maps to the timestep
         # diffusers calls the model at (T - 2 rather than T - 1 on the cosine schedule, where it truncates).
         t = sigma_to_t(sigmas, np.log(sig.astype(np.float32)))
@@ -333,9 +337,10 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     def _init_state(self, num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas,
                     rescale_betas_zero_snr) -> None:
         """Noise schedule and empty step state (shared with ``UniPCSolver``)."""
-        self.alphas_cumprod = make_alphas_cumprod(
+        self.betas, self.alphas_cumprod = make_schedule(
             num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
         )
+        self.alphas = 1.0 - self.betas
         if rescale_betas_zero_snr:
             # lambda must stay finite at the last training step (same guard as the reference code).
             self.alphas_cumprod[-1] = 2.0**-24
@@ -354,6 +359,7 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         """Grid from ``num_inference_steps`` (diffusers' spacing) or a custom ``timesteps`` / VP ``sigmas``
         grid (descending, ``[N]``; the final level follows ``final_sigmas_type``). Resets the history."""
         check_one_grid_source(num_inference_steps, timesteps, "sigmas", sigmas)
+        check_schedule_covers(self.alphas_cumprod, self.config.num_train_timesteps)
         cfg = self.config
         T = cfg.num_train_timesteps
         grid = self._sigma_grid()
@@ -375,6 +381,7 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             ts, sig = dpm_timesteps(
                 num_inference_steps, self.alphas_cumprod, cfg.timestep_spacing, cfg.steps_offset,
                 cfg.lambda_min_clipped, cfg.use_lu_lambdas, cfg.beta_schedule, grid, self._round_karras_always,
+                self._sigma_range(),
             )
         final = 0.0 if cfg.final_sigmas_type == "zero" else float(vp_sig[0])
         if grid and cfg.final_sigmas_type != "zero" and self._final_sigma_from_grid:
@@ -390,6 +397,10 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     # at the training schedule's smallest sigma; its UniPC always rounds and ends at the grid's last sigma.
     _round_karras_always = False
     _final_sigma_from_grid = False
+
+    def _sigma_range(self) -> Optional[tuple]:
+        """``(sigma_min, sigma_max)`` overriding the ends of a sigma grid (None: the training range)."""
+        return None
 
     def _sigma_grid(self) -> Optional[str]:
         """The configured sigma grid (``use_karras_sigmas`` ...), or None."""
@@ -426,9 +437,16 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     def _init_step_index(self, t: int) -> int:
         if self._begin_index is not None:
             return self._begin_index
+        return self._index_for_timestep(t)
+
+    def _index_for_timestep(self, t: int) -> int:
+        """Grid position of timestep ``t``, by diffusers' rule (DPM-Solver and UniPC share it)."""
         hits = [i for i, u in enumerate(self.timesteps.tolist()) if u == t]
         if not hits:
-            raise ValueError(f"timestep {t} is not on the grid set by set_timesteps ({self.timesteps.tolist()})")
+            # diffusers' rule (DPM-Solver, UniPC): a first step at a timestep off the grid is the last step,
+            # from the last grid level to the final one. Kept so a loop written for diffusers (its own test
+            # suite steps at t = 0) runs the same here.
+            return len(self.timesteps) - 1
         # A repeated timestep (rounded Lu lambdas) is entered at its second occurrence, as in diffusers.
         return hits[1] if len(hits) > 1 else hits[0]
 
@@ -436,9 +454,9 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     def _alpha_of_sigma(sigma: float) -> float:
         return 1.0 / (1.0 + sigma * sigma)
 
-    def _begin_step(self, model_output, timestep, sample):
-        """Shared start of ``step`` (also ``UniPCSolver``): ``(i, N, a_s, x, x0)`` with the step index
-        ``i`` of ``N``, the current level ``a_s``, the sample and its data prediction in float64."""
+    def _enter_step(self, model_output, timestep, sample):
+        """Shared checks at the start of ``step`` (also ``UniPCSolver``): ``(i, N, model_output)`` with the
+        step index ``i`` of ``N`` and the model output without any learned-variance channels."""
         if self.num_inference_steps is None:
             raise ValueError("call set_timesteps(num_inference_steps) before step()")
         if self._step_index is None:
@@ -449,6 +467,12 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         check_model_output(model_output, self, timestep, i)
         if self.config.variance_type in ("learned", "learned_range"):
             model_output = model_output[:, : sample.shape[1]]  # drop the predicted variance channels
+        return i, N, model_output
+
+    def _begin_step(self, model_output, timestep, sample):
+        """Shared start of ``step``: ``(i, N, a_s, x, x0)`` with the step index ``i`` of ``N``, the
+        current level ``a_s``, the sample and its data prediction in float64."""
+        i, N, model_output = self._enter_step(model_output, timestep, sample)
         a_s = self._alpha_of_sigma(float(self.sigmas[i]))
         x = sample.double()
         self._eps, x0 = to_eps_x0(model_output.double(), x, a_s, self.config.prediction_type)

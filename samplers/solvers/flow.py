@@ -57,6 +57,12 @@ def time_shift(mu: float, sigmas: np.ndarray, kind: str = "exponential") -> np.n
     raise ValueError(f"time_shift_type must be 'exponential' or 'linear', got {kind!r}")
 
 
+def stretch_to_terminal(sigmas: np.ndarray, terminal: float) -> np.ndarray:
+    """LTX-Video's terminal stretch: scale ``1 - s`` so the last sigma becomes ``terminal``."""
+    one_minus = 1 - sigmas
+    return 1 - one_minus / (one_minus[-1] / (1 - terminal))
+
+
 def flow_sigmas(num_inference_steps: int, num_train_timesteps: int = 1000, shift: float = 1.0) -> np.ndarray:
     """Descending sigmas ``[N + 1]`` (last = 0) of the default FlowMatchEuler grid for a static shift."""
     T = num_train_timesteps
@@ -179,9 +185,7 @@ class FlowMatchSolverScheduler(SchedulerMixin, ConfigMixin):
         self.leap_step = None
 
     def _stretch_to_terminal(self, s: np.ndarray) -> np.ndarray:
-        one_minus = 1 - s
-        scale = one_minus[-1] / (1 - self.config.shift_terminal)
-        return 1 - one_minus / scale
+        return stretch_to_terminal(s, self.config.shift_terminal)
 
     def set_timesteps(
         self,

@@ -47,9 +47,10 @@ from samplers.solvers._vp import (
     SolverOutput,
     as_index,
     check_one_grid_source,
+    check_schedule_covers,
     check_prediction_type,
     custom_timesteps,
-    make_alphas_cumprod,
+    make_schedule,
     to_eps_x0,
     vp_timesteps,
 )
@@ -207,9 +208,10 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), type(self).__name__)
         if fitted_schedule is not None:
             load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
-        self.alphas_cumprod = make_alphas_cumprod(
+        self.betas, self.alphas_cumprod = make_schedule(
             num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas, rescale_betas_zero_snr
         )
+        self.alphas = 1.0 - self.betas
         self.final_alpha_cumprod = 1.0 if set_alpha_to_one else float(self.alphas_cumprod[0])
         self.init_noise_sigma = 1.0
         self.num_inference_steps = None
@@ -248,6 +250,7 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         the most steps that fit in an NFE budget ``nfe``, or for a custom descending grid ``timesteps``
         (e.g. a fitted schedule; each step then goes to the next grid point). Resets the history."""
         check_one_grid_source(num_inference_steps, timesteps, "nfe", nfe)
+        check_schedule_covers(self.alphas_cumprod, self.config.num_train_timesteps)
         T = self.config.num_train_timesteps
         skip = self.config.skip_prk_steps
         if nfe is not None:

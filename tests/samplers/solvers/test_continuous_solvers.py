@@ -187,8 +187,13 @@ def test_unipc_corrector_changes_the_result_and_bad_configs():
         UniPCSolver.from_config(UniPCMultistepScheduler(predict_x0=False).config)
     with pytest.raises(ValueError, match="solver_type"):
         UniPCSolver(solver_type="midpoint")
-    with pytest.raises(ValueError, match="use_flow_sigmas"):
-        UniPCSolver(use_flow_sigmas=True)
+    # Flow sigmas are implemented (test_diffusers_suite.py); what cannot shape a flow grid is refused.
+    with pytest.raises(ValueError, match="use_exponential_sigmas cannot be combined with use_flow_sigmas"):
+        UniPCSolver(use_flow_sigmas=True, use_exponential_sigmas=True)
+    with pytest.raises(ValueError, match="shift_terminal need"):
+        UniPCSolver(shift_terminal=0.1)
+    with pytest.raises(ValueError, match="flow_prediction'? need"):
+        UniPCSolver(prediction_type="flow_prediction")
     with pytest.raises(ValueError, match="use_karras_sigmas and use_beta_sigmas"):
         UniPCSolver(use_karras_sigmas=True, use_beta_sigmas=True)
 

@@ -438,3 +438,116 @@ def test_ddim_thresholding_matches_diffusers(pred, max_value, clipped_output):
             x = s.step(_model(x, t) - 1.5, t, x, use_clipped_model_output=clipped_output).prev_sample
         outs.append(x)
     _close(*outs, 1e-4)
+
+
+# ---------------------------------------------------------------- trained_betas (all four schedulers)
+# diffusers' test_trained_betas builds each scheduler with trained_betas=[0.1, 0.3] (2 betas for 1000
+# training steps), saves and reloads it and compares `betas`. Construction takes the betas as given;
+# a grid over 1000 steps on 2 betas cannot run (diffusers: IndexError or non-finite samples, below), so
+# ours refuses at set_timesteps.
+def _vp_pairs():
+    from diffusers import DDIMScheduler, UniPCMultistepScheduler
+
+    from samplers.solvers.ddim import DDIMSolver
+    from samplers.solvers.unipc import UniPCSolver
+
+    return {"pndm": (PNDMSolver, PNDMScheduler), "ddim": (DDIMSolver, DDIMScheduler),
+            "dpm": (DPMSolverPP2M, DPMSolverMultistepScheduler), "unipc": (UniPCSolver, UniPCMultistepScheduler)}
+
+
+@pytest.mark.parametrize("name,cfg", [("pndm", {}), ("ddim", {}), ("dpm", {}), ("unipc", {}),
+                                      ("ddim", {"rescale_betas_zero_snr": True}), ("dpm", {"rescale_betas_zero_snr": True}),
+                                      ("unipc", {"rescale_betas_zero_snr": True})])
+def test_short_trained_betas_load_save_like_diffusers_and_refuse_a_grid(name, cfg, tmp_path):
+    ours_cls, ref_cls = _vp_pairs()[name]
+    betas = np.array([0.1, 0.3])
+    ours, ref = ours_cls(trained_betas=betas, **cfg), ref_cls(trained_betas=betas, **cfg)
+    assert ours.betas.tolist() == ref.betas.tolist()
+    torch.testing.assert_close(ours.alphas, ref.alphas, atol=0, rtol=0)
+    torch.testing.assert_close(ours.alphas_cumprod, ref.alphas_cumprod, atol=0, rtol=0)
+    ours.save_pretrained(tmp_path)
+    assert ours_cls.from_pretrained(tmp_path).betas.tolist() == ours.betas.tolist()
+    with pytest.raises(ValueError, match="trained_betas has 2 values but num_train_timesteps=1000"):
+        ours.set_timesteps(10)
+    ref.set_timesteps(10)  # diffusers accepts the grid, then fails or diverges
+    x = _sample_deter()
+    if name in ("pndm", "ddim"):
+        with pytest.raises(IndexError):
+            ref.step(_model(x, ref.timesteps[0]), ref.timesteps[0], x)
+        return
+    for t in ref.timesteps:
+        x = ref.step(_model(x, t), t, x).prev_sample
+    assert not torch.isfinite(x).all()
+
+
+def _loop(s, steps=10, **kw):
+    s.set_timesteps(steps)
+    x = _sample_deter()
+    for t in s.timesteps:
+        x = s.step(_model(x, t), t, x, **kw).prev_sample
+    return x
+
+
+@pytest.mark.parametrize("name", ["pndm", "ddim", "dpm", "unipc"])
+@pytest.mark.parametrize("T", [1000, 100])
+def test_full_trained_betas_sample_like_diffusers(name, T):
+    # A model's own beta table (here a cosine-like ramp that no named schedule produces) replaces the
+    # named schedule in every level the solver uses.
+    ours_cls, ref_cls = _vp_pairs()[name]
+    betas = (0.0001 + 0.03 * np.sin(np.linspace(0, np.pi / 2, T)) ** 2).tolist()
+    ours, ref = ours_cls(num_train_timesteps=T, trained_betas=betas), ref_cls(num_train_timesteps=T, trained_betas=betas)
+    assert ours.betas.tolist() == ref.betas.tolist()
+    a, b = _loop(ours), _loop(ref)
+    assert ours.timesteps.tolist() == ref.timesteps.tolist() and torch.isfinite(a).all()
+    _close(a, b, 2e-4)
+    plain = _loop(ours_cls(num_train_timesteps=T))
+    assert (a - plain).abs().max() > 1e-3  # the trained betas were used
+
+
+# ---------------------------------------------------------------- DPM / UniPC: a first step off the grid
+# diffusers' test_inference_steps (UniPC) steps a fresh scheduler at timestep 0, which is not on the
+# grid: DPM-Solver and UniPC then take the step as the grid's last one (index_for_timestep), as ours do.
+def _off_grid_pairs():
+    from diffusers import UniPCMultistepScheduler
+
+    from samplers.solvers.unipc import UniPCSolver
+
+    return [
+        (DPMSolverPP2M, DPMSolverMultistepScheduler, {}),
+        (DPMSolverPP2M, DPMSolverMultistepScheduler, dict(algorithm_type="dpmsolver", final_sigmas_type="sigma_min")),
+        (DPMSolverPP2M, DPMSolverMultistepScheduler, dict(solver_order=3, final_sigmas_type="sigma_min")),
+        (UniPCSolver, UniPCMultistepScheduler, {}),
+        (UniPCSolver, UniPCMultistepScheduler, dict(final_sigmas_type="sigma_min", solver_order=3)),
+        (UniPCSolver, UniPCMultistepScheduler, dict(use_karras_sigmas=True, final_sigmas_type="sigma_min")),
+        (UniPCSolver, UniPCMultistepScheduler, dict(use_flow_sigmas=True, flow_shift=3.0, prediction_type="flow_prediction")),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("t", [0, 3, 777])
+@pytest.mark.parametrize("steps", [1, 2, 10, 50, 1000])
+def test_first_step_off_the_grid_is_the_last_step_like_diffusers(case, t, steps):
+    ours_cls, ref_cls, cfg = _off_grid_pairs()[case]
+    x = _rand(3)
+    outs = []
+    for s in (ours_cls(**cfg), ref_cls(**cfg)):
+        s.set_timesteps(steps)
+        if t in s.timesteps.tolist():
+            return  # on the grid: covered by the loops above
+        outs.append(s.step(_model(x, t) - 0.3, t, x).prev_sample)
+        assert s.step_index == steps
+    _close(*outs, 2e-4)
+    ours = ours_cls(**cfg)
+    ours.set_timesteps(steps)
+    ours.step(_model(x, t), t, x)
+    with pytest.raises(ValueError, match="more times than there are timesteps"):
+        ours.step(_model(x, t), t, x)
+
+
+def test_first_step_off_a_custom_dpm_grid_is_its_last_step_like_diffusers():
+    outs = []
+    x = _rand(4)
+    for s in _dpm_pair():
+        s.set_timesteps(timesteps=[900, 600, 300, 100])
+        outs.append(s.step(_model(x, 500), 500, x).prev_sample)
+    _close(*outs, 2e-4)

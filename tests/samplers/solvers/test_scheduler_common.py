@@ -156,6 +156,18 @@ def test_set_timesteps_spacings_match_diffusers(name, spacing, steps):
     if name == "pndm" and steps < 4:
         return  # diffusers' PRK warm start needs 4 grid points
     assert ours.timesteps.tolist() == ref.timesteps.tolist()
+    if name == "pndm":
+        # diffusers' PNDM with its levels in float64 computes what ours computes, to 1e-9.
+        ours, ref = _pair(name, **cfg)
+        ref.alphas_cumprod, ref.final_alpha_cumprod = ref.alphas_cumprod.double(), ref.final_alpha_cumprod.double()
+        a64 = _sample(ours, x.double(), model, num_inference_steps=steps)
+        b64 = _sample(ref, x.double(), model, num_inference_steps=steps)
+        assert _maxdiff(a64, b64) < 1e-9
+        if spacing == "linspace" and steps == 4:
+            # In float32 the 4-step linspace PRK warm start (model calls at levels other than the ones it
+            # steps to) magnifies diffusers' coefficient rounding to 1.1e-3 on this oracle's sharp modes
+            # (torch 2.13); the float64 check above is the exactness test here.
+            return
     assert _maxdiff(a, b) < _vp_tol(name, spacing)
 
 
