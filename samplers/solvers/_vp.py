@@ -139,9 +139,13 @@ def make_alphas_cumprod(
     trained_betas: Optional[Sequence[float]] = None,
     rescale_betas_zero_snr: bool = False,
 ) -> torch.Tensor:
-    """``alpha_bar_t`` ``[T]`` (float32) for a VP config."""
-    return make_schedule(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas,
-                         rescale_betas_zero_snr)[1]
+    """``alpha_bar_t`` ``[T]`` (float32) for a VP config. Unlike the schedulers (which load any
+    ``trained_betas`` as diffusers does and refuse at ``set_timesteps``), this plain-function form refuses a
+    ``trained_betas`` length other than ``num_train_timesteps`` at once."""
+    ac = make_schedule(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas,
+                       rescale_betas_zero_snr)[1]
+    check_schedule_covers(ac, num_train_timesteps)
+    return ac
 
 
 def check_schedule_covers(alphas_cumprod: torch.Tensor, num_train_timesteps: int) -> None:

@@ -480,6 +480,15 @@ def test_short_trained_betas_load_save_like_diffusers_and_refuse_a_grid(name, cf
     assert not torch.isfinite(x).all()
 
 
+def test_plain_function_schedule_refuses_short_trained_betas_at_once():
+    # The plain-function form (oracles, samplers over a denoiser) has no later set_timesteps to refuse at.
+    from samplers.solvers._vp import make_alphas_cumprod
+
+    with pytest.raises(ValueError, match="trained_betas has 2 values but num_train_timesteps=1000"):
+        make_alphas_cumprod(trained_betas=[0.1, 0.3])
+    assert len(make_alphas_cumprod(num_train_timesteps=2, trained_betas=[0.1, 0.3])) == 2
+
+
 def _loop(s, steps=10, **kw):
     s.set_timesteps(steps)
     x = _sample_deter()
