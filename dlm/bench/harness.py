@@ -51,7 +51,9 @@ class SamplerSpec:
     `cut=1` feeds the model only up to the current block's end (`generate(cut_trailing_masks=True)`,
     an approximation for bidirectional models); `block=N` runs this entry at block length N instead of
     the run's `--block-length` (either engine; N must divide `--gen-length`); `steps=A/B` runs this
-    entry at its own budgets instead of the run's `--steps` (HEX's published total); other
+    entry at its own budgets instead of the run's `--steps` (HEX's published total); `window=W` and
+    `open=f` decode W blocks at once, the next opened at progress f (D2F's window:
+    `generate(window_blocks=W, window_open_at=f)`); other
     keys override the sampler's config (`threshold:tau=0.7`) or, for an external row
     (`dlm.bench.external`), its options (`diffusers-llada2:threshold=0.9`). `label` is the entry as written.
     """
@@ -65,6 +67,8 @@ class SamplerSpec:
     cache_refresh_every: int = 0
     block_length: int | None = None
     steps: tuple = ()
+    window_blocks: int = 1
+    window_open_at: float = 0.1
 
     @property
     def is_external(self) -> bool:
@@ -109,6 +113,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         if name not in known:
             raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(known)}")
         options, kv, xblock, cut, refresh, block, steps = [], None, False, False, 0, None, ()
+        window = {}
         for opt in opts:
             if "=" not in opt:
                 raise ValueError(f"sampler option {opt!r} in {entry!r} must be key=value")
@@ -133,6 +138,8 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                 if not all(v.isdigit() and int(v) > 0 for v in value.split("/")):
                     raise ValueError(f"steps={value!r} in {entry!r}: must be positive whole numbers joined by '/', e.g. steps=160/320")
                 steps = tuple(int(v) for v in value.split("/"))
+            elif key in ("window", "open"):  # D2F block window: generate(window_blocks=, window_open_at=)
+                window["window_blocks" if key == "window" else "window_open_at"] = parse_option_value(value)
             else:
                 options.append((key, parse_option_value(value)))
         if entry in seen:
@@ -140,7 +147,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         seen.add(entry)
         spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv, cache_across_blocks=xblock,
                            cut_trailing_masks=cut, cache_refresh_every=refresh, block_length=block,
-                           steps=steps)
+                           steps=steps, **window)
         if name in rows:
             rows[name][0].check_entry(spec)  # its own options; our engine's flags refused
             specs.append(spec)
@@ -421,7 +428,8 @@ class _Runner:
         else:
             out = dlm.generate(self.model, input_ids, gen_length=cfg.gen_length, block_length=spec.block_for(cfg),
                                steps=budget, sampler=policy, cache_across_blocks=spec.cache_across_blocks,
-                               cut_trailing_masks=spec.cut_trailing_masks, **kw)
+                               cut_trailing_masks=spec.cut_trailing_masks, window_blocks=spec.window_blocks,
+                               window_open_at=spec.window_open_at, **kw)
         gen = out.sequences[:, input_ids.shape[1]:]
         if out.nfe_per_sequence is not None:  # uniform noise: transformers' count (rows whose sequence ended drop out)
             per_row = out.nfe_per_sequence

@@ -32,7 +32,8 @@ def register(subparsers) -> None:
                    help="comma-separated entries name[:key=value...]; kv=none|prefix|dual|prompt picks the cache per entry, "
                         "xblock=1 extends it across blocks, refresh=N rebuilds it every N steps, cut=1 cuts the window "
                         "at the block end, block=N sets the entry's block length (either engine), steps=A/B gives the entry its own "
-                        "budgets instead of --steps (e.g. hex:steps=320); "
+                        "budgets instead of --steps (e.g. hex:steps=320), window=W[:open=f] decodes W blocks at once "
+                        "(D2F's window, e.g. lopa:window=2); "
                         "external rows: diffusers-llada2 and diffusers-llada2-thr (diffusers' LLaDA2Pipeline), "
                         "transformers-diffusiongemma, diffusers-diffusiongemma and dlm-exact (DiffusionGemma models; "
                         "--steps points map to entropy bounds, see docs/benchmarks.md) (default: confidence,threshold)")

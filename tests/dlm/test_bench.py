@@ -98,6 +98,17 @@ def test_steps_spec_gives_an_entry_its_own_budgets(tiny_dir, tmp_path, capsys):
     assert [(p["sampler"], p["budget"]) for p in pairs] == [("threshold", 4), ("threshold", 8), ("confidence:steps=16", 16)]
 
 
+def test_window_spec_decodes_several_blocks_at_once(tiny_dir, tmp_path, capsys):
+    (spec,) = parse_sampler_specs("lopa:window=2:open=0.25")
+    assert (spec.window_blocks, spec.window_open_at, spec.option_dict) == (2, 0.25, {})
+    rc = main(["bench", "--model", tiny_dir, "--suite", "copy", "--samplers", "threshold,threshold:window=2",
+               "--steps", "16", "--limit", "2", "--gen-length", "16", "--block-length", "4", "--no-plots",
+               "--out", str(tmp_path / "run"), "--json"])
+    assert rc == 0, capsys.readouterr().err
+    pairs = json.loads(capsys.readouterr().out)["pairs"]
+    assert [p["sampler"] for p in pairs] == ["threshold", "threshold:window=2"] and all(p["nfe"] <= 16 for p in pairs)
+
+
 def test_xblock_spec_needs_a_cache():
     (d,) = parse_sampler_specs("confidence:kv=dual:xblock=1")
     assert d.cache_across_blocks and d.kv_cache == "dual" and d.option_dict == {}
