@@ -1,7 +1,7 @@
 """UniPC (Zhao et al. 2023, "UniPC: A Unified Predictor-Corrector Framework for Fast Sampling of
 Diffusion Models"), data-prediction form, as a diffusers scheduler.
 
-Notation as in ``dpmpp_2m``: ``alpha``, ``sigma`` of a VP level, ``lambda = log(alpha / sigma)``,
+Notation as in ``dpmpp_2m``: ``alpha``, ``sigma`` of a level (below), ``lambda = log(alpha / sigma)``,
 ``h = lambda_t - lambda_s`` for a step from ``s`` to ``t``, data predictions ``m`` (x0) of earlier
 steps. With ``hh = -h``, ``phi_1 = exp(hh) - 1`` and ``B(h) = exp(hh) - 1`` ("bh2") or ``hh`` ("bh1"):
 
