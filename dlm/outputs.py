@@ -20,6 +20,11 @@ class StepTrace:
         `ctx.forward` call). branch_forwards: per row, the rows of those passes (a lookahead call on
         k candidates counts k).
         tokens: `[R, Lb]` block tokens after the step, kept only when `return_trace=True`.
+
+    When a lookahead call runs on fewer rows than the step's own forward (finished rows leave calls
+    under EOS stop), the step gives one record for its own pass (forwards 0 or 1) plus one record per
+    call over the rows that call ran (forwards 1, committed 0): summing a row's records gives exactly
+    its passes, and all records still sum to `nfe`.
     """
 
     block: int
