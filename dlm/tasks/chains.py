@@ -8,17 +8,19 @@ confidence threshold has to wait for the chain to advance. This is the regime wh
 (LoPA) and backtracking (Saber) are meant to pay, and where a single answer exists, so an ensemble
 vote (HEX) means something.
 
-    count 35 from 37 by 13:  -> 50 63 76 89 02 ...   each number = the previous one + the step, mod 100
-    walk 40 from cyd by 5:   -> hal mia ...           each name = the one 5 places on, on the ring of
+    count 40 from 3 by 7:    -> 3 0 7 4 1 8 ...       each digit = the previous one + the step, mod 10
+    walk 40 from cyd by 5:   -> cyd hal mia ...       each name = the one 5 places on, on the ring of
                                                       names in alphabetical order
 
 Both are scored by exact match of the first line (one answer each). Digits and spaces are one token
-each in the built-in tokenizer and names one token each: answers are 79-122 tokens.
+each in the built-in tokenizer and names one token each: answers are 79-111 tokens. Each answer
+starts with the start item copied from the prompt, so every later item follows from the one before.
 
 Why these rules: each is local (the previous item and a constant), which a 1.3M-parameter model
-learns in a few thousand steps on CPU; a first version with a prompt-wide lookup (a successor table
-given in the prompt) and an aligned running sum learned nothing in 1,200 steps (see
-docs/tiny_dlm_training.md). The sequential dependence is the same: item k is cheap given item k-1.
+learns in a few thousand steps on CPU. Earlier versions (see docs/tiny_dlm_training.md): a
+prompt-wide lookup (a successor table in the prompt) and an aligned running sum learned nothing in
+1,200 steps; a two-digit counter mod 100 learned its ones digit (87% given the true prefix) but not
+its carries (14%) in 2,700 steps. The sequential dependence is the same: item k is cheap given k-1.
 """
 from __future__ import annotations
 
@@ -44,40 +46,41 @@ class ChainTask(Task):
 
 
 class Count(ChainTask):
-    """Count mod 100 from a start by a step: "count 35 from 37 by 13:" -> "50 63 76 89 02 ...".
+    """Count mod 10 from a start by a step: "count 40 from 3 by 7:" -> "3 0 7 4 1 8 5 2 9 6 3 ...".
 
-    Every number is written with two digits; the step is coprime to 100, so the 32-41 numbers never
-    repeat. Number k is the previous one plus the step (carry included), a local rule; writing it
-    without the previous one means computing start + k * step mod 100 in one forward.
+    The answer starts with the start digit and has n digits in all (40-56), each the previous one
+    plus the step, mod 10 (steps 1, 3, 7, 9: every digit comes round once per ten). Digit k is the
+    previous one plus the step, a local rule; writing it without the previous one means computing
+    start + k * step mod 10 from the position alone.
     """
 
     name = "count"
-    min_items, max_items = 32, 41
-    steps = tuple(s for s in range(1, 100) if s % 2 and s % 5)
+    min_items, max_items = 40, 56
+    steps = (1, 3, 7, 9)
 
     def _make(self, rng: random.Random) -> Example:
-        n, start, step = rng.randint(self.min_items, self.max_items), rng.randrange(100), rng.choice(self.steps)
-        values = [(start + step * k) % 100 for k in range(1, n + 1)]
-        return Example(f"count {n} from {start:02d} by {step:02d}:", " ".join(f"{v:02d}" for v in values),
-                       self.name, {"start": start, "step": step, "n": n})
+        n, start, step = rng.randint(self.min_items, self.max_items), rng.randrange(10), rng.choice(self.steps)
+        values = [(start + step * k) % 10 for k in range(n)]
+        return Example(f"count {n} from {start} by {step}:", " ".join(map(str, values)), self.name,
+                       {"start": start, "step": step, "n": n})
 
 
 class Walk(ChainTask):
-    """Walk the ring of names in alphabetical order: "walk 40 from cyd by 5:" -> "hal mia ...".
+    """Walk the ring of names in alphabetical order: "walk 40 from cyd by 5:" -> "cyd hal mia ...".
 
-    Each name is the one `step` places after the previous one on the ring of the 24 list-edit names
-    (a fixed table the model learns, not given in the prompt); steps 1, 5 and 7 are coprime to 24,
-    so the first 24 names never repeat.
+    The answer starts with the start name and has n names in all (40-56), each the one `step` places
+    after the previous one on the ring of the 24 list-edit names (a fixed table the model learns, not
+    given in the prompt); steps 1, 5 and 7 are coprime to 24, so the first 24 names never repeat.
     """
 
     name = "walk"
-    min_items, max_items = 40, 60
+    min_items, max_items = 40, 56
     steps = (1, 5, 7)
     ring = tuple(sorted(NAMES))
 
     def _make(self, rng: random.Random) -> Example:
         n, start, step = rng.randint(self.min_items, self.max_items), rng.randrange(len(self.ring)), rng.choice(self.steps)
-        names = [self.ring[(start + step * k) % len(self.ring)] for k in range(1, n + 1)]
+        names = [self.ring[(start + step * k) % len(self.ring)] for k in range(n)]
         return Example(f"walk {n} from {self.ring[start]} by {step}:", " ".join(names), self.name,
                        {"start": self.ring[start], "step": step, "n": n})
 
