@@ -5,7 +5,11 @@ Distils the model's own one-token-per-step decoding into the layer (`dlm.joint_t
 layer shipped with the package, so re-training after the model changes is one command:
 
     dlm train-joint --model tiny-dlm
+    dlm train-joint --model tiny-dlm --order confidence   # the layer `joint:order=confidence` uses
     dlm train-joint --model oracle-permutation
+
+`--order confidence` trains on the confidence sampler's trajectories and chains (greedy unless
+`--temperature` says otherwise) and writes `joint-<model>-confidence.*` by default.
 """
 from __future__ import annotations
 
@@ -28,6 +32,17 @@ def register(subparsers) -> None:
     p.add_argument("--block-length", type=positive_int, default=32, help="text models: block length (default: 32)")
     p.add_argument("--features", choices=("auto", "hidden", "logprobs"), default="auto",
                    help="layer input: hidden states when the model has them (auto), or log-probabilities")
+    p.add_argument("--order", choices=("random", "confidence"), default="random",
+                   help="commit order of the trajectories and chains the layer learns: random (uniform "
+                        "positions, temperature 1) or confidence (the confidence sampler's rule, as "
+                        "joint:order=confidence decodes) (default: random)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="token temperature of the chains (default: 1 for random order, 0 = greedy for "
+                        "confidence order, as dlm bench decodes task suites)")
+    p.add_argument("--focus", type=float, default=0.0,
+                   help="share of each batch taken as the least certain of 4x as many candidate states "
+                        "(0-1; default 0: states as they come). Greedy confidence-order runs spend most "
+                        "steps on near-certain commits, where there is nothing to learn")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: 3e-3)")
     p.add_argument("--width", type=positive_int, default=64, help="layer width (default: 64)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
@@ -61,12 +76,13 @@ def build_source(args):
                           loaded.mask_token_id, args.model)
 
 
-def default_out(model: str):
+def default_out(model: str, order: str = "random"):
+    """The shipped layer's stem: `joint-<model>` for random order, `joint-<model>-<order>` otherwise."""
     from dlm.loading import builtin_models
     from samplers.unmasking.joint_layer import CHECKPOINT_DIR
 
     if model in ORACLES or model in builtin_models():
-        return CHECKPOINT_DIR / f"joint-{model}"
+        return CHECKPOINT_DIR / (f"joint-{model}" if order == "random" else f"joint-{model}-{order}")
     raise ValueError(f"--out is required for a model that is not built in ({model!r})")
 
 
@@ -78,19 +94,20 @@ def run(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = args.out or default_out(args.model)
+    out = args.out or default_out(args.model, args.order)
     # Defaults sized for CPU minutes: the oracles are nearly free to run, a text model is not.
     oracle = args.model in ORACLES
     steps = args.steps or (800 if oracle else 150)
     batch = args.batch or (64 if oracle else 16)
     pool = args.pool or (1024 if oracle else 32)
     config = TrainJointConfig(steps=steps, batch=batch, chain=args.chain, pool=pool, lr=args.lr,
-                              width=args.width, heads=4, features=args.features, seed=args.seed)
+                              width=args.width, heads=4, features=args.features, seed=args.seed,
+                              order=args.order, temperature=args.temperature, focus=args.focus)
     config.validate()
     source = build_source(args)
     layer = train_joint_layer(source, config, log=lambda m: print(m, file=sys.stderr))
     weights, meta = save_layer(layer, out)
     n_params = sum(p.numel() for p in layer.parameters())
     print(f"wrote {weights} and {meta.name}: {n_params} parameters, {layer.meta.features} features, "
-          f"model hash {layer.meta.model_fingerprint}, final KL per link {layer.meta.training['final_kl_per_link']}")
+          f"model hash {layer.meta.model_fingerprint}, order {layer.meta.order}, final KL per link {layer.meta.training['final_kl_per_link']}")
     return 0

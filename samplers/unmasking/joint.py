@@ -15,9 +15,15 @@ the confidence of the current distribution), draw its token from the current dis
 it, and, unless it was the last, run the layer once to update the distributions of the rest.
 The layer runs k-1 times; the NFE (full-model forwards) is the same as any sampler's at the same
 budget.
+
+A layer learns the conditionals along one commit order (`JointLayerMeta.order`, set by
+`dlm train-joint --order`): with `layer="auto"` the sampler takes the shipped layer trained for its
+own order (`joint-<model>.*` for random, `joint-<model>-confidence.*` for confidence) and warns when
+only a layer trained for the other order exists; an explicit layer of the other order also warns.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -25,15 +31,14 @@ import torch
 from samplers.base import Sampler, SamplerConfig, StepContext, StepResult
 from samplers.registry import register
 from samplers.unmasking._common import gather_prob, gumbel_max, token_probs, top_k_mask
-from samplers.unmasking.joint_layer import JointLayer, find_layer_for, load_layer, model_fingerprint
-
-ORDERS = ("random", "confidence")
+from samplers.unmasking.joint_layer import ORDERS, JointLayer, find_layer_for, load_layer, model_fingerprint
 
 
 @dataclass(frozen=True)
 class JointConfig(SamplerConfig):
     """layer: path of a trained layer (`<stem>.safetensors` + `<stem>.json`, or the stem), or
-    "auto": the layer shipped with the package for exactly the model being decoded.
+    "auto": the layer shipped with the package for exactly the model being decoded, trained for
+    `order` when one is shipped.
     order: "random" (positions in uniform random order) or "confidence" (the most probable
     proposal of the current, corrected distribution first)."""
 
@@ -61,7 +66,7 @@ class JointSampler(Sampler):
     def prepare(self, model) -> None:
         """Find (auto) or check (explicit path) the layer for `model`; ValueError names the fix."""
         if self.config.layer == "auto":
-            layer = find_layer_for(model)
+            layer = find_layer_for(model, self.config.order)
             if layer is None:
                 name = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
                 raise ValueError(
@@ -71,8 +76,21 @@ class JointSampler(Sampler):
             self.layer = layer
         else:
             self.layer.meta.check_model(model, source=f"joint layer {self.config.layer}")
+        self._check_order()
         self.needs_hidden_states = self.layer.meta.features == "hidden"
         self._model_fingerprint = self.layer.meta.model_fingerprint
+
+    def _check_order(self) -> None:
+        """Warn when the layer learned another commit order than the one it is used with: its
+        corrections were fitted to other states and other committed tokens."""
+        trained = self.layer.meta.order
+        if trained != self.config.order:
+            where = "the shipped layer" if self.config.layer == "auto" else f"joint layer {self.config.layer}"
+            warnings.warn(
+                f"{where} for {self.layer.meta.model_name or 'this model'} was trained for order={trained}, "
+                f"used with order={self.config.order}; train one for this order with "
+                f"`dlm train-joint --model ... --order {self.config.order}` and pass layer=PATH",
+                UserWarning, stacklevel=3)
 
     @torch.no_grad()
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:

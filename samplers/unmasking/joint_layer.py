@@ -18,8 +18,9 @@ logit correction `[V]` added to the model's logits: the layer predicts
 untrained layer samples exactly the model's marginals.
 
 Files: a trained layer is `<stem>.safetensors` (weights) + `<stem>.json` (`JointLayerMeta`): the
-vocabulary size, feature size and kind, and the fingerprint of the model it was trained for; a
-sampler refuses a layer whose metadata does not match the model it is asked to decode.
+vocabulary size, feature size and kind, the fingerprint of the model it was trained for and the
+commit order it was trained for ("random" or "confidence"); a sampler refuses a layer whose metadata
+does not match the model it is asked to decode, and warns when the order differs from its own.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ from torch import nn
 # impossible tokens and the driver -inf for the mask token, which would swamp a linear layer.
 LOGP_FLOOR = -20.0
 FEATURE_KINDS = ("hidden", "logprobs")
+# Commit orders of the joint sampler; a layer learns the conditionals along one of them.
+ORDERS = ("random", "confidence")
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 # Config entries that do not change what a model computes (left out of the fingerprint).
 _FINGERPRINT_KEYS = ("model_type", "vocab_size", "hidden_size", "num_symbols", "gen_length")
@@ -89,6 +92,9 @@ class JointLayerMeta:
         features: "hidden" or "logprobs". width / heads / max_block: layer shape.
         model_fingerprint: `model_fingerprint(model)` of the model it was trained for.
         model_name: a label for messages (e.g. "tiny-dlm", "oracle-permutation").
+        order: the commit order of the chains it was trained on, "random" (uniform positions,
+            tokens at temperature 1) or "confidence" (the confidence sampler's rule). Files written
+            before the field existed were all trained for "random", its default.
         training: free-form record of how it was trained (command, steps, final loss).
     """
 
@@ -100,11 +106,14 @@ class JointLayerMeta:
     width: int = 64
     heads: int = 4
     max_block: int = 128
+    order: str = "random"
     training: dict = dataclasses.field(default_factory=dict)
 
     def validate(self) -> None:
         if self.features not in FEATURE_KINDS:
             raise ValueError(f"features must be one of {FEATURE_KINDS}, got {self.features!r}")
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
         if self.width % self.heads:
             raise ValueError(f"width ({self.width}) must be a multiple of heads ({self.heads})")
 
@@ -220,11 +229,18 @@ def shipped_layers() -> dict[str, Path]:
     return {p.stem[len("joint-"):]: p.with_suffix("") for p in sorted(CHECKPOINT_DIR.glob("joint-*.json"))}
 
 
-def find_layer_for(model) -> JointLayer | None:
-    """The shipped layer trained for exactly this model (same fingerprint), or None."""
+def find_layer_for(model, order: str = "random") -> JointLayer | None:
+    """The shipped layer trained for exactly this model (same fingerprint), or None.
+
+    A layer trained for `order` wins over one trained for another order, which is still returned
+    when it is the only one (the caller checks `layer.meta.order`)."""
     digest = model_fingerprint(model)
+    fits = []
     for stem in shipped_layers().values():
         meta = json.loads(stem.with_suffix(".json").read_text())
         if meta.get("model_fingerprint") == digest:
-            return load_layer(stem)
-    return None
+            fits.append((meta.get("order", "random") != order, stem))
+    if not fits:
+        return None
+    # Stable on the shipped (sorted) order among layers of the same kind.
+    return load_layer(min(fits, key=lambda f: f[0])[1])
