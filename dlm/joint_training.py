@@ -59,11 +59,12 @@ class TrainJointConfig:
         features: "auto" (hidden states when the model returns them, else log-probabilities),
             "hidden" or "logprobs". seed: seeds the pool, the states and the layer's init.
         order: "random" or "confidence", the commit order of the trajectories and chains.
-        focus: share of each batch taken, among 4x as many candidate states, as the states whose
-            next `chain` commits are least certain under the model (sum of 1 - max probability at
-            the `chain` most confident masks, the ones a confidence-order chain commits); the rest of the batch is drawn among the other candidates. Greedy trajectories
-            spend most steps on near-certain commits (an answer's EOS fill, deterministic tokens),
-            where committing a token changes nothing to learn; 0 (default) draws states as they come.
+        focus: confidence order only: share of each batch drawn among every state of the pool's
+            runs in proportion to its doubt (`chain_doubt`: sum of 1 - max probability at the
+            `chain` most confident masks, the ones a chain commits next; computed once, one forward
+            per state); the rest of the batch is drawn uniformly. Greedy trajectories spend most
+            steps on near-certain commits (an answer's EOS fill, deterministic tokens), where
+            committing a token changes nothing to learn; 0 (default) draws states as they come.
         temperature: the chains' (and the confidence pool's) token temperature; None = the order's
             default: 1 for random (exact sampling), 0 for confidence (greedy, as `dlm bench` decodes
             task suites).
@@ -101,6 +102,8 @@ class TrainJointConfig:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
         if not 0.0 <= self.focus <= 1.0:
             raise ValueError(f"focus must be in [0, 1] (share of each batch), got {self.focus}")
+        if self.focus > 0 and self.order != "confidence":
+            raise ValueError("focus needs order='confidence' (it weighs the states of the pool's confidence runs)")
         if self.temperature is not None and not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy) or None, got {self.temperature}")
 
@@ -235,19 +238,37 @@ class _Setup:
     pool_mask: torch.Tensor | None
     ranks: torch.Tensor | None
     prompt_length: int
+    doubt: torch.Tensor | None = None
 
 
-def _sample_states(source: TrainingSource, setup: _Setup, batch: int, g: torch.Generator):
+def _sample_states(source: TrainingSource, setup: _Setup, batch: int, g: torch.Generator,
+                   focus: float = 0.0):
     """A batch of training states: `(x [B, P + gen], attention (mask, positions), block start,
-    masked [B, Lb])`, the chosen block partly masked and the later ones fully masked."""
-    from dlm.generate import _full_attention
-
-    lb, mask_id = source.block_length, source.mask_token_id
+    masked [B, Lb])`, the chosen block partly masked and the later ones fully masked. With `focus`
+    (confidence order, `setup.doubt` computed), that share of the rows is a pool run's state drawn
+    in proportion to its doubt."""
+    lb = source.block_length
     if setup.ranks is None:
         idx = torch.randint(setup.pool.shape[0], (batch,), generator=g)
         block = int(torch.randint(source.gen_length // lb, (1,), generator=g))
-    else:
-        block, idx = _informative_rows(setup, source, batch, g)
+        return _build_states(source, setup, idx, block, state_masks(None, batch, lb, g))
+    block, idx = _informative_rows(setup, source, batch, g)
+    masked = state_masks(setup.ranks[idx, block * lb:(block + 1) * lb], batch, lb, g)
+    k = int(round(focus * batch))
+    weights = None if setup.doubt is None else setup.doubt[:, block].flatten()
+    if k and weights is not None and float(weights.sum()) > 0:
+        drawn = torch.multinomial(weights, k, replacement=True, generator=g)
+        rows, done = drawn // (lb - 1), drawn % (lb - 1)
+        idx = torch.cat([rows, idx[k:]])
+        masked = torch.cat([setup.ranks[rows, block * lb:(block + 1) * lb] >= done.unsqueeze(1), masked[k:]])
+    return _build_states(source, setup, idx, block, masked)
+
+
+def _build_states(source: TrainingSource, setup: _Setup, idx: torch.Tensor, block: int, masked: torch.Tensor):
+    """Pool rows `idx` with block `block` masked at `masked` `[B, Lb]` and the later blocks fully."""
+    from dlm.generate import _full_attention
+
+    lb, mask_id = source.block_length, source.mask_token_id
     x = setup.pool[idx].clone()
     pmask = None if setup.pool_mask is None else setup.pool_mask[idx]
     full_mask, positions = _full_attention(pmask, source.gen_length)
@@ -255,11 +276,32 @@ def _sample_states(source: TrainingSource, setup: _Setup, batch: int, g: torch.G
         positions = source.model.dlm_position_ids(x, full_mask)
     start = setup.prompt_length + block * lb
     x[:, start + lb:] = mask_id  # later blocks are still masked on a semi-AR trajectory
-    ranks = None if setup.ranks is None else setup.ranks[idx, block * lb:(block + 1) * lb]
-    masked = state_masks(ranks, batch, lb, g)
     x[:, start:start + lb] = torch.where(masked, torch.full_like(masked, mask_id, dtype=torch.long),
                                          x[:, start:start + lb])
     return x, (full_mask, positions), start, masked
+
+
+@torch.no_grad()
+def _state_doubt(source: TrainingSource, setup: _Setup, chain: int, chunk: int = 128) -> torch.Tensor:
+    """`chain_doubt` of every state of the pool's confidence runs, `[N, blocks, Lb - 1]` (state n =
+    the run after n steps of the block); 0 for a block that is one repeated token in that row."""
+    lb = source.block_length
+    n_rows, n_blocks = setup.pool.shape[0], source.gen_length // lb
+    doubt = torch.zeros(n_rows, n_blocks, lb - 1)
+    gen = setup.pool[:, setup.prompt_length:].reshape(n_rows, n_blocks, lb)
+    informative = (gen != gen[..., :1]).any(dim=-1)
+    for block in range(n_blocks):
+        if not bool(informative[:, block].any()):
+            continue
+        for done in range(lb - 1):
+            for lo in range(0, n_rows, chunk):
+                idx = torch.arange(lo, min(lo + chunk, n_rows))
+                masked = setup.ranks[idx, block * lb:(block + 1) * lb] >= done
+                x, (full_mask, positions), start, masked = _build_states(source, setup, idx, block, masked)
+                logits, _ = _forward(setup.adapter, x, full_mask, positions, False)
+                logits = setup.adapter.align(logits, 0, start, start + lb)
+                doubt[idx, block, done] = chain_doubt(logits, masked, chain)
+    return doubt * informative.unsqueeze(-1)
 
 
 def _informative_rows(setup: _Setup, source: TrainingSource, batch: int, g: torch.Generator):
@@ -290,25 +332,6 @@ def chain_doubt(logits: torch.Tensor, masked: torch.Tensor, chain: int) -> torch
                              torch.full(masked.shape, -1.0, device=masked.device))
     nearest = confidence.topk(min(chain, masked.shape[1]), dim=1).values
     return torch.where(nearest >= 0, 1 - nearest, torch.zeros_like(nearest)).sum(1)
-
-
-def _focus(source: TrainingSource, setup: _Setup, state, batch: int, share: float, chain: int,
-           g: torch.Generator):
-    """Keep `batch` of the candidate states in `state`: the `round(share * batch)` whose `chain`
-    most confident masks (the ones a chain commits) are least certain under the model's forward,
-    the rest uniformly among the others."""
-    x, (full_mask, positions), start, masked = state
-    lb = source.block_length
-    with torch.no_grad():
-        logits, _ = _forward(setup.adapter, x, full_mask, positions, False)
-        logits = setup.adapter.align(logits, 0, start, start + lb)
-    doubt = chain_doubt(logits, masked, chain)
-    top = int(round(share * batch))
-    order = doubt.argsort(descending=True)
-    rest = order[top:][torch.randperm(order.numel() - top, generator=g)[:batch - top]]
-    keep = torch.cat([order[:top], rest])
-    return (x[keep], (None if full_mask is None else full_mask[keep],
-                      None if positions is None else positions[keep]), start, masked[keep])
 
 
 def _chain_loss(source: TrainingSource, setup: _Setup, layer: JointLayer, config: TrainJointConfig,
@@ -346,8 +369,14 @@ def _setup(source: TrainingSource, config: TrainJointConfig, features: str, g: t
     pool, pool_mask, ranks = draw_pool(source, config.pool, g, config.order, config.token_temperature)
     log(f"pool: {pool.shape[0]} samples of the model's own one-token-per-step {config.order}-order decoding "
         f"({time.perf_counter() - started:.1f} s)")
-    return _Setup(DLMAdapter.wrap(source.model, mask_token_id=source.mask_token_id), features, pool,
-                  pool_mask, ranks, source.prompts.shape[1])
+    setup = _Setup(DLMAdapter.wrap(source.model, mask_token_id=source.mask_token_id), features, pool,
+                   pool_mask, ranks, source.prompts.shape[1])
+    if config.focus > 0:
+        started = time.perf_counter()
+        setup.doubt = _state_doubt(source, setup, config.chain)
+        log(f"doubt of every pool state: mean {float(setup.doubt.mean()):.4f}, "
+            f"{int((setup.doubt > 0.1).sum())} states above 0.1 ({time.perf_counter() - started:.1f} s)")
+    return setup
 
 
 def _resolve_features(source: TrainingSource, adapter: DLMAdapter, features: str, hidden_size):
@@ -389,11 +418,7 @@ def train_joint_layer(source: TrainingSource, config: TrainJointConfig, log=prin
     setup = _setup(source, config, features, g, log)
     losses = []
     for it in range(config.steps):
-        if config.focus > 0:
-            state = _focus(source, setup, _sample_states(source, setup, 4 * config.batch, g), config.batch,
-                           config.focus, config.chain, g)
-        else:
-            state = _sample_states(source, setup, config.batch, g)
+        state = _sample_states(source, setup, config.batch, g, config.focus)
         loss, links = _chain_loss(source, setup, layer, config, state, g)
         if not links:
             continue

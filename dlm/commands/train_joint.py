@@ -40,9 +40,10 @@ def register(subparsers) -> None:
                    help="token temperature of the chains (default: 1 for random order, 0 = greedy for "
                         "confidence order, as dlm bench decodes task suites)")
     p.add_argument("--focus", type=float, default=0.0,
-                   help="share of each batch taken as the least certain of 4x as many candidate states "
-                        "(0-1; default 0: states as they come). Greedy confidence-order runs spend most "
-                        "steps on near-certain commits, where there is nothing to learn")
+                   help="--order confidence: share of each batch drawn in proportion to the doubt of the "
+                        "commits a chain makes next, over every state of the pool's runs (0-1; default 0: "
+                        "states as they come). Greedy runs spend most steps on near-certain commits, "
+                        "where there is nothing to learn")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: 3e-3)")
     p.add_argument("--width", type=positive_int, default=64, help="layer width (default: 64)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")

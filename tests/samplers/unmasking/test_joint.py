@@ -266,7 +266,9 @@ def test_order_is_recorded_and_old_files_read_as_random(tmp_path):
     with pytest.raises(ValueError, match="temperature"):
         TrainJointConfig(temperature=-1.0).validate()
     with pytest.raises(ValueError, match="focus"):
-        TrainJointConfig(focus=1.5).validate()
+        TrainJointConfig(focus=1.5, order="confidence").validate()
+    with pytest.raises(ValueError, match="focus needs order='confidence'"):
+        TrainJointConfig(focus=0.5).validate()
 
 
 def test_auto_layer_follows_the_order_and_a_mismatch_warns(tmp_path, monkeypatch):
@@ -295,14 +297,15 @@ def test_auto_layer_follows_the_order_and_a_mismatch_warns(tmp_path, monkeypatch
         decode(model, JointSampler(order="confidence", layer=str(tmp_path / "joint-toy")), temperature=0.0)
 
 
-def test_training_lowers_the_kl_along_confidence_order():
+@pytest.mark.parametrize("focus", [0.0, 0.75])
+def test_training_lowers_the_kl_along_confidence_order(focus):
     """A few dozen steps on permutations of 4 (where committing a symbol changes every other
     position's conditional) cut the KL per confidence-order chain link well below marginal
     sampling's, measured on fresh states (random order learns too, but needs hundreds of steps)."""
     from dlm.joint_training import TrainJointConfig, evaluate_joint_layer, train_joint_layer
 
     source = _perm_source()
-    config = TrainJointConfig(steps=40, batch=32, chain=3, pool=64, width=16, order="confidence")
+    config = TrainJointConfig(steps=40, batch=32, chain=3, pool=64, width=16, order="confidence", focus=focus)
     trained = train_joint_layer(source, config, log=lambda m: None)
     untrained = JointLayer(trained.meta)  # zero head: the model's marginals
     before = evaluate_joint_layer(source, untrained, config, batches=4)
