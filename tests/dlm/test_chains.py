@@ -79,3 +79,24 @@ def test_bench_uses_the_suites_own_generation_length(tmp_path):
     assert gen_length(tmp_path / "a") == 128
     assert main(args + ["--out", str(tmp_path / "b"), "--gen-length", "64"]) == 0  # an explicit length wins
     assert gen_length(tmp_path / "b") == 64
+
+
+def test_builtin_chains_model_loads_both_ways_and_answers_a_chain():
+    """The shipped `tiny-dlm-chains`: dlm.load and transformers' AutoModel give the same model, its
+    positions cover a chains prompt plus 128 tokens, and it writes a chain's first items right."""
+    import dlm
+    from transformers import AutoModel
+
+    from dlm.tiny import BUILTIN_MODELS
+
+    path = BUILTIN_MODELS["tiny-dlm-chains"]
+    model, tok = dlm.load("tiny-dlm-chains")
+    assert tok.vocab_size == model.config.vocab_size and model.config.max_position_embeddings >= 320
+    auto = AutoModel.from_pretrained(path).eval()
+    ex = get_task("count").examples("test", 1, seed=0)[0]
+    ids = torch.tensor([tok.encode_prompt(ex.prompt)])
+    x = torch.cat([ids, torch.full((1, 128), tok.mask_token_id)], 1)
+    torch.testing.assert_close(auto(x).logits, model(x).logits)
+    out = dlm.generate(model, ids, gen_length=128, block_length=32, steps=128, sampler="confidence")
+    first = tok.decode(out.sequences[0, ids.shape[1]:ids.shape[1] + 6].tolist())
+    assert first.split()[:2] == ex.answer.split()[:2]  # the start copied, then one step of the rule
