@@ -61,27 +61,25 @@ TASK_WEIGHTS = {
 }
 
 
-def task_weights(overrides: str) -> dict[str, float]:
-    """TASK_WEIGHTS with 'name=weight,...' overrides applied."""
-    weights = dict(TASK_WEIGHTS)
+def parse_weights(overrides: str, defaults: dict[str, float], option: str) -> dict[str, float]:
+    """`defaults` with 'name=weight,...' overrides applied; ValueError names `option` and the valid names."""
+    weights = dict(defaults)
     for item in filter(None, (part.strip() for part in overrides.split(","))):
         name, _, value = item.partition("=")
-        if name not in weights or not value:
-            raise ValueError(f"--task-weights: bad entry {item!r}; use name=weight with a name from {sorted(weights)}")
+        if name not in defaults or not value:
+            raise ValueError(f"{option}: bad entry {item!r}; use name=weight with a name from {sorted(defaults)}")
         weights[name] = float(value)
     return weights
+
+
+def task_weights(overrides: str) -> dict[str, float]:
+    """TASK_WEIGHTS with 'name=weight,...' overrides applied."""
+    return parse_weights(overrides, TASK_WEIGHTS, "--task-weights")
 
 
 def chain_weights(overrides: str) -> dict[str, float]:
     """Sampling weights of the chains tasks ('name=weight,...'; unnamed tasks weigh 1)."""
-    names = set(SUITES["chains"])
-    weights = {}
-    for item in filter(None, (part.strip() for part in overrides.split(","))):
-        name, _, value = item.partition("=")
-        if name not in names or not value:
-            raise ValueError(f"--chains-weights: bad entry {item!r}; use name=weight with a name from {sorted(names)}")
-        weights[name] = float(value)
-    return weights
+    return parse_weights(overrides, dict.fromkeys(SUITES["chains"], 1.0), "--chains-weights")
 
 
 def learn_word_vocabulary(tasks, min_count: int, samples_per_task: int = 400, seed: int = 12345) -> list[str]:
