@@ -471,13 +471,15 @@ def _engine_key(spec: SamplerSpec, cfg: BenchConfig) -> str:
     return spec.name if spec.is_external else f"dlm/{spec.kv_cache or cfg.kv_cache}"
 
 
-def model_lengths(model) -> tuple[int, int]:
+def model_lengths(model, tasks=()) -> tuple[int, int]:
     """Default `(gen_length, block_length)` for a model: a DiffusionGemma's generation_config
-    `max_new_tokens` (64 if unset) and its `canvas_length`; 64 and 32 for a masked model."""
+    `max_new_tokens` (64 if unset) and its `canvas_length`; for a masked model 32-token blocks and
+    64 tokens, or the longest `gen_length` of `tasks` (a suite with long answers, e.g. chains)."""
+    from dlm.tasks import tasks_gen_length
     from dlm.uniform_noise import is_uniform_noise_model, resolve_generation_config
 
     if not is_uniform_noise_model(model):
-        return 64, 32
+        return tasks_gen_length(tasks), 32
     return resolve_generation_config(model, None).max_new_tokens or 64, int(model.config.canvas_length)
 
 
@@ -501,11 +503,7 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
         model, tokenizer, ids = load_model(cfg.model, device=cfg.device)
     model.eval()
     if cfg.gen_length is None or cfg.block_length is None:
-        gen, block = model_lengths(model)
-        from dlm.uniform_noise import is_uniform_noise_model
-
-        if not is_uniform_noise_model(model):  # a suite with long answers (chains) sets its own length
-            gen = max([gen] + [getattr(t, "gen_length", gen) for t in tasks])
+        gen, block = model_lengths(model, tasks)
         cfg = _with(cfg, gen_length=cfg.gen_length or gen, block_length=cfg.block_length or block)
         cfg.validate()
     check_spec_blocks(specs, cfg, budgets)

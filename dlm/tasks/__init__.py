@@ -34,9 +34,15 @@ SUITES["chains"] = tuple(cls.name for cls in CHAIN_TASKS)
 DEFAULT_GEN_LENGTH = 64  # every answer of the short suites plus one EOS fits
 
 
+def tasks_gen_length(tasks) -> int:
+    """Generation length some tasks need: the longest `gen_length` among them (tasks without one,
+    and an empty list, need DEFAULT_GEN_LENGTH)."""
+    return max([DEFAULT_GEN_LENGTH] + [getattr(task, "gen_length", DEFAULT_GEN_LENGTH) for task in tasks])
+
+
 def suite_gen_length(name: str) -> int:
-    """Generation length a suite (or task) needs: the longest of its tasks' `gen_length`."""
-    return max(getattr(task, "gen_length", DEFAULT_GEN_LENGTH) for task in get_suite(name))
+    """Generation length a suite (or task) needs (`tasks_gen_length` of its tasks)."""
+    return tasks_gen_length(get_suite(name))
 
 
 def get_task(name: str) -> Task:
@@ -59,4 +65,4 @@ def get_suite(name: str) -> list[Task]:
 
 __all__ = ["Example", "Task", "SUITES", "TASK_NAMES", "get_task", "get_suite", "split_of",
            "format_prompt", "PROMPT_SUFFIX", "MAX_ANSWER_CHARS", "MAX_PROMPT_CHARS",
-           "extract_number", "NAMES", "suite_gen_length", "DEFAULT_GEN_LENGTH", "CHAIN_GEN_LENGTH"]
+           "extract_number", "NAMES", "suite_gen_length", "tasks_gen_length", "DEFAULT_GEN_LENGTH", "CHAIN_GEN_LENGTH"]
