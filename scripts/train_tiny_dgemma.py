@@ -148,10 +148,10 @@ def encoder_mask(attention: torch.Tensor) -> torch.Tensor:
     """Causal mask over the whole clean sequence, pad keys removed. attention (B, L) -> (B, 1, L, L) bool.
 
     A pad query keeps its own key so that no softmax row is empty (its output is never read)."""
-    L = attention.shape[1]
-    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    L, dev = attention.shape[1], attention.device
+    causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
     m = causal[None] & attention[:, None, :]
-    m = m | torch.eye(L, dtype=torch.bool)[None]
+    m = m | torch.eye(L, dtype=torch.bool, device=dev)[None]
     return m[:, None]
 
 
@@ -161,9 +161,9 @@ def decoder_mask(attention: torch.Tensor, prompt_len: int, canvases: int, canvas
     attention (B, L) with L = prompt_len + canvases * C -> (B, 1, K*C, L + K*C) bool; the key axis is
     [encoder cache (L), decoder canvases (K*C)], the order the decoder's attention concatenates them."""
     C, K = canvas_length, canvases
-    L = attention.shape[1]
-    canvas_of_query = torch.arange(K * C) // C                                   # (KC,)
-    enc_visible = torch.arange(L)[None, :] < (prompt_len + canvas_of_query * C)[:, None]   # (KC, L)
+    L, dev = attention.shape[1], attention.device
+    canvas_of_query = torch.arange(K * C, device=dev) // C                       # (KC,)
+    enc_visible = torch.arange(L, device=dev)[None, :] < (prompt_len + canvas_of_query * C)[:, None]   # (KC, L)
     enc = enc_visible[None] & attention[:, None, :]                              # (B, KC, L)
     dec = canvas_of_query[:, None] == canvas_of_query[None, :]                   # (KC, KC)
     dec = dec[None].expand(attention.shape[0], -1, -1)
@@ -179,7 +179,7 @@ def encode_clean(model, batch: dict):
     m = encoder_mask(batch["attention"])
     cache = DynamicCache(config=model.config.get_text_config())
     out = model.model.encoder(input_ids=ids, attention_mask={"full_attention": m, "sliding_attention": m},
-                              position_ids=torch.arange(ids.shape[1])[None], cache=cache)
+                              position_ids=torch.arange(ids.shape[1], device=ids.device)[None], cache=cache)
     return out.cache
 
 
@@ -190,7 +190,7 @@ def decode_canvases(model, cache, batch: dict, noisy: torch.Tensor, sc_logits=No
     m = decoder_mask(batch["attention"], P, K, C)
     out = model(cache=cache, decoder_input_ids=noisy, self_conditioning_logits=sc_logits,
                 self_conditioning_mask=sc_mask, decoder_attention_mask={"full_attention": m, "sliding_attention": m},
-                decoder_position_ids=(P + torch.arange(K * C))[None])
+                decoder_position_ids=(P + torch.arange(K * C, device=noisy.device))[None])
     return out.logits
 
 
@@ -202,15 +202,16 @@ def dgemma_loss(model, batch: dict, gen: torch.Generator, self_cond: float = 0.5
     P, K = batch["prompt_len"], batch["canvases"]
     B = batch["input_ids"].shape[0]
     clean = batch["input_ids"][:, P:].view(B, K, C)
-    noisy, rates = uniform_corrupt(clean, V, gen, min_rate)
-    noisy = noisy.view(B, K * C)
+    # the noise is drawn on the CPU generator (same draws on any device), then moved
+    noisy, rates = uniform_corrupt(clean.cpu(), V, gen, min_rate)
+    noisy = noisy.view(B, K * C).to(clean.device)
     cache = encode_clean(model, batch)
-    sc_mask = torch.rand(B, generator=gen) < self_cond
+    sc_mask = (torch.rand(B, generator=gen) < self_cond).to(clean.device)
     sc_logits = None
     if sc_mask.any():
         with torch.no_grad():
             first = decode_canvases(model, cache, batch, noisy)
-        temp = sc_temp[0] + (sc_temp[1] - sc_temp[0]) * torch.rand(B, generator=gen)
+        temp = (sc_temp[0] + (sc_temp[1] - sc_temp[0]) * torch.rand(B, generator=gen)).to(clean.device)
         emb_dtype = model.model.decoder.embed_tokens.weight.dtype
         sc_logits = (first / temp[:, None, None]).to(emb_dtype).detach()
     logits = decode_canvases(model, cache, batch, noisy, sc_logits, sc_mask if sc_logits is not None else None)
@@ -230,6 +231,11 @@ def grouped_batches(pairs, tok, canvas_length: int) -> list[dict]:
     for prompt, answer in pairs:
         groups.setdefault(len(canvas_ids(tok, answer, canvas_length)), []).append((prompt, answer))
     return [make_batch(g, tok, canvas_length) for _, g in sorted(groups.items())]
+
+
+def batch_to(batch: dict, device: torch.device) -> dict:
+    """The batch's tensors on `device` (ints stay as they are)."""
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 # ------------------------------------------------------------------------------------ checkpoint
@@ -280,6 +286,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/tiny_dgemma")
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its state.pt")
+    ap.add_argument("--init", default=None,
+                    help="start from this checkpoint folder's weights (e.g. the shipped tiny-dgemma) with a "
+                         "fresh optimizer and schedule; its config sets the model's size")
+    ap.add_argument("--device", default="cpu", help="torch device for training (batches are built on CPU)")
     ap.add_argument("--hidden-size", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--intermediate", type=int, default=256)
@@ -313,6 +323,14 @@ def main(argv=None):
     tok = TinyCharTokenizer.from_pretrained(TOKENIZER_SOURCE)
     sc_temp = tuple(float(x) for x in args.sc_temp.split(","))
     state_path = out / "state.pt"
+    if args.resume and args.init:
+        ap.error("--resume and --init: give one (--resume continues --out's run, --init starts a new one)")
+    if args.init:
+        init_cfg = json.loads((Path(args.init) / "config.json").read_text())
+        text = init_cfg["text_config"]
+        args.hidden_size, args.layers = text["hidden_size"], text["num_hidden_layers"]
+        args.intermediate, args.experts = text["intermediate_size"], text["num_experts"]
+        args.canvas_length = init_cfg["canvas_length"]
     if args.resume:
         if not state_path.is_file():
             raise SystemExit(f"--resume: no {state_path}")
@@ -324,14 +342,20 @@ def main(argv=None):
                              intermediate_size=args.intermediate, num_experts=args.experts,
                              canvas_length=args.canvas_length)
     torch.manual_seed(args.seed)
-    model = DiffusionGemmaForBlockDiffusion(cfg)
+    if args.init:  # the folder's config and weights (its every size, not only those recorded in args)
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.init, dtype=torch.float32)
+        print(f"weights from {args.init}", flush=True)
+    else:
+        model = DiffusionGemmaForBlockDiffusion(cfg)
+    device = torch.device(args.device)
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.98))
     step, minutes = 0, 0.0
     rng = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     if args.resume:
         model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
+        opt.load_state_dict(state["opt"])  # its moments follow the (already moved) parameters' device
         step, minutes = state["step"], state["minutes"]
         rng.setstate(state["rng"])
         gen.set_state(state["gen"])
@@ -366,7 +390,7 @@ def main(argv=None):
                  for _ in range(args.batch_size)]
         opt.zero_grad(set_to_none=True)
         # the token mean over the whole batch, accumulated over groups of equal canvas count
-        parts = [dgemma_loss(model, b, gen, args.self_cond, sc_temp, args.min_rate)
+        parts = [dgemma_loss(model, batch_to(b, device), gen, args.self_cond, sc_temp, args.min_rate)
                  for b in grouped_batches(pairs, tok, args.canvas_length)]
         total = sum(st["tokens"] for _, st in parts)
         loss = sum(l * (st["tokens"] / total) for l, st in parts)

@@ -78,8 +78,10 @@ def task_weights(overrides: str) -> dict[str, float]:
 
 
 def chain_weights(overrides: str) -> dict[str, float]:
-    """Sampling weights of the chains tasks ('name=weight,...'; unnamed tasks weigh 1)."""
-    return parse_weights(overrides, dict.fromkeys(SUITES["chains"], 1.0), "--chains-weights")
+    """Sampling weights of the chains tasks ('name=weight,...'): the `chains` suite's tasks weigh 1
+    and the `chains-hard` suite's 0 unless named (so earlier runs' commands draw what they drew)."""
+    defaults = {**dict.fromkeys(SUITES["chains"], 1.0), **dict.fromkeys(SUITES["chains-hard"], 0.0)}
+    return parse_weights(overrides, defaults, "--chains-weights")
 
 
 def learn_word_vocabulary(tasks, min_count: int, samples_per_task: int = 400, seed: int = 12345) -> list[str]:
@@ -239,12 +241,12 @@ def cut_trailing_rows(att: torch.Tensor, w: torch.Tensor, P: int, share: float, 
     if share <= 0:
         return
     B, R = w.shape[0], w.shape[1] - P
-    loss_at = w[:, P:] > 0
+    loss_at = (w[:, P:] > 0).cpu()  # the draws are on the CPU generator, whatever w's device
     rows = (torch.rand(B, generator=gen) < share) & loss_at.any(1)
     first = loss_at.float().argmax(1)
     c = first + 1 + (torch.rand(B, generator=gen) * (R - first)).long().clamp(max=R - first - 1)
     keep = torch.arange(R)[None, :] < c[:, None]
-    keep |= ~rows[:, None]
+    keep = (keep | ~rows[:, None]).to(w.device)
     before = w[:, P:].sum(1, keepdim=True)
     w[:, P:] *= keep
     w[:, P:] *= before / w[:, P:].sum(1, keepdim=True).clamp_min(1e-12)
@@ -280,12 +282,13 @@ def order_rollout(model, x: torch.Tensor, clean: torch.Tensor, att: torch.Tensor
     truth = clean[rows, P:]
     response = xr[:, P:]  # a view: commits below write into xr
     response[:] = mask_id
-    pos = torch.arange(R)
+    dev = x.device
+    pos = torch.arange(R, device=dev)
     answer_len = (truth != eos_id).sum(1).tolist()
     if commit_cap not in ("answer", "blocks"):
         raise ValueError(f"commit_cap: expected 'answer' or 'blocks', got {commit_cap!r}")
     caps = [n + 4 if commit_cap == "answer" else -(-n // block) * block - 1 for n in answer_len]
-    remaining = torch.tensor([rng.randint(0, max(0, min(R - 1, cap))) for cap in caps])
+    remaining = torch.tensor([rng.randint(0, max(0, min(R - 1, cap))) for cap in caps], device=dev)
     k = min(chunk, R)
     while bool((remaining > 0).any()):
         conf = model(xr, attention_mask=att_rows).logits[:, P:].softmax(-1).max(-1).values
@@ -294,7 +297,7 @@ def order_rollout(model, x: torch.Tensor, clean: torch.Tensor, att: torch.Tensor
         in_block = masked & (pos // block == (first // block)[:, None])
         chosen = conf.masked_fill(~in_block, -1.0).argsort(1, descending=True)[:, :k]
         take = torch.minimum(remaining, torch.minimum(torch.full_like(remaining, k), in_block.sum(1)))
-        keep = torch.arange(k)[None, :] < take[:, None]  # each row's `take` most confident positions
+        keep = torch.arange(k, device=dev)[None, :] < take[:, None]  # each row's `take` most confident positions
         response.scatter_(1, chosen, torch.where(keep, truth.gather(1, chosen), response.gather(1, chosen)))
         remaining -= take
     masked = xr[:, P:] == mask_id
@@ -481,6 +484,9 @@ def main(argv=None):
                          "response length 128) instead of --tasks; 0: none")
     ap.add_argument("--chains-weights", default="",
                     help="sampling weights within the chains batches, e.g. 'count=1,walk=2'")
+    ap.add_argument("--chains-min-items", type=int, default=0,
+                    help="train the chains tasks on lengths from this many items up to the suite's most "
+                         "(a curriculum: short chains teach the step rule; 0: the suite's own range)")
     ap.add_argument("--max-positions", type=int, default=192,
                     help="max_position_embeddings of the config (raised on an --init checkpoint too): "
                          "prompt plus response must fit; chains need 320")
@@ -549,7 +555,9 @@ def main(argv=None):
     print(f"vocabulary {tok.vocab_size} tokens ({len(tok.words)} whole words)", flush=True)
     weight_of = task_weights(args.task_weights)
     weights = [args.arith_drill if t.name == ArithmeticDrill.name else weight_of.get(t.name, 1.0) for t in tasks]
-    chain_tasks = get_suite("chains") if args.chains_share > 0 else []
+    chain_tasks = get_suite("chains") + get_suite("chains-hard") if args.chains_share > 0 else []
+    for task in chain_tasks if args.chains_min_items else ():
+        task.min_items = min(task.min_items, args.chains_min_items)  # this instance only: the suite keeps its range
     chain_weight_of = chain_weights(args.chains_weights)
     chain_task_weights = [chain_weight_of.get(t.name, 1.0) for t in chain_tasks]
     cfg = TinyDLMConfig(
@@ -624,6 +632,7 @@ def main(argv=None):
         if args.soft_random_targets:
             soft_rows, soft_cols, q = soft_answer_targets(x, P, row_examples, tok, tok.mask_token_id)
             if len(soft_rows):
+                soft_rows, soft_cols = soft_rows.to(device), soft_cols.to(device)
                 soft_ce = -(q.to(device) * logits[soft_rows, soft_cols].log_softmax(-1)).sum(-1)
                 ce = ce.index_put((soft_rows, soft_cols), soft_ce)
         loss = (ce * w).sum() / x.shape[0]

@@ -5,21 +5,22 @@
         text = my_model(ex.input_text)   # ex.prompt + "\\n" for the built-in tiny model
         ok = task.score(ex, text)        # 1.0 correct/valid, 0.0 not
 
-Suites: "list_edits", "arithmetic", "puzzles", "all" (those three), and "chains" (long sequential
-answers generated in 128 tokens: `suite_gen_length`).
+Suites: "list_edits", "arithmetic", "puzzles", "all" (those three), "chains" (long sequential
+answers generated in 128 tokens: `suite_gen_length`) and "chains-hard" (the same length, rules that
+the position cannot shortcut).
 """
 from __future__ import annotations
 
 from .arithmetic import Arithmetic, extract_number
 from .base import (MAX_ANSWER_CHARS, MAX_PROMPT_CHARS, PROMPT_SUFFIX, Example, Task,
                    format_prompt, split_of)
-from .chains import CHAIN_GEN_LENGTH, CHAIN_TASKS
+from .chains import CHAIN_GEN_LENGTH, CHAIN_TASKS, HARD_CHAIN_TASKS
 from .list_edits import LIST_EDIT_TASKS, NAMES
 from .puzzles import Latin, Sudoku
 
 _TASK_CLASSES = {cls.op: cls for cls in LIST_EDIT_TASKS}
 _TASK_CLASSES.update({"arithmetic": Arithmetic, "sudoku": Sudoku, "latin": Latin})
-_TASK_CLASSES.update({cls.name: cls for cls in CHAIN_TASKS})
+_TASK_CLASSES.update({cls.name: cls for cls in CHAIN_TASKS + HARD_CHAIN_TASKS})
 
 TASK_NAMES = tuple(_TASK_CLASSES)
 
@@ -30,6 +31,7 @@ SUITES: dict[str, tuple[str, ...]] = {
 }
 SUITES["all"] = SUITES["list_edits"] + SUITES["arithmetic"] + SUITES["puzzles"]
 SUITES["chains"] = tuple(cls.name for cls in CHAIN_TASKS)
+SUITES["chains-hard"] = tuple(cls.name for cls in HARD_CHAIN_TASKS)
 
 DEFAULT_GEN_LENGTH = 64  # every answer of the short suites plus one EOS fits
 

@@ -85,4 +85,50 @@ class Walk(ChainTask):
                        {"start": self.ring[start], "step": step, "n": n})
 
 
-CHAIN_TASKS = (Count, Walk)
+class RunningSum(ChainTask):
+    """Running sum mod 10 of the prompt's digits: "sum: 3 1 4 1 5" -> "3 4 8 9 4".
+
+    The prompt lists n digits (40-56); answer item k is the sum of the first k, mod 10. Given item
+    k-1 it is item k-1 plus prompt digit k (a local rule, the digit found at a fixed offset: positions
+    restart at the response); without it, item k needs all k digits summed, which position alone
+    cannot give. This is what the periodic rules above lack (see docs/benchmarks.md, "chains").
+    """
+
+    name = "sum"
+    min_items, max_items = 40, 56
+
+    def _make(self, rng: random.Random) -> Example:
+        n = rng.randint(self.min_items, self.max_items)
+        digits = [rng.randrange(10) for _ in range(n)]
+        sums, total = [], 0
+        for d in digits:
+            total = (total + d) % 10
+            sums.append(total)
+        return Example("sum: " + " ".join(map(str, digits)), " ".join(map(str, sums)), self.name,
+                       {"digits": digits, "n": n})
+
+
+class Fibonacci(ChainTask):
+    """Fibonacci mod 10 from two start digits: "fib 40 from 3 8:" -> "3 8 1 9 0 9 9 8 ...".
+
+    n digits in all (40-56), each the sum of the two before, mod 10; the answer starts with the two
+    start digits. The sequence's period is 60 for most starts (Pisano), longer than any answer, so
+    item k from position alone means a table of 100 starts x 56 positions; from the two items before,
+    one addition.
+    """
+
+    name = "fib"
+    min_items, max_items = 40, 56
+
+    def _make(self, rng: random.Random) -> Example:
+        n, a, b = rng.randint(self.min_items, self.max_items), rng.randrange(10), rng.randrange(10)
+        values = [a, b]
+        while len(values) < n:
+            values.append((values[-1] + values[-2]) % 10)
+        return Example(f"fib {n} from {a} {b}:", " ".join(map(str, values)), self.name,
+                       {"start": (a, b), "n": n})
+
+
+CHAIN_TASKS = (Count, Walk)               # suite "chains": periodic rules, learned by tiny-dlm-chains
+HARD_CHAIN_TASKS = (RunningSum, Fibonacci)  # suite "chains-hard": not computable from the position;
+                                            # no model of ours has learned them yet (docs/tiny_dlm_training.md)

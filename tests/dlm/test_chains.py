@@ -16,6 +16,36 @@ def test_suite_registered_with_its_length():
     assert suite_gen_length("chains") == CHAIN_GEN_LENGTH == 128
     assert suite_gen_length("list_edits") == 64 and suite_gen_length("all") == 64
     assert not set(SUITES["chains"]) & set(SUITES["all"])  # the short suites' benchmarks are unchanged
+    assert SUITES["chains-hard"] == ("sum", "fib") and suite_gen_length("chains-hard") == 128
+
+
+def test_running_sum_answer_adds_the_next_prompt_digit_mod_10():
+    task = get_task("sum")
+    for ex in task.examples("train", 50, seed=6):
+        digits = [int(d) for d in ex.prompt.removeprefix("sum: ").split()]
+        sums = [int(v) for v in ex.answer.split()]
+        assert digits == ex.meta["digits"] and len(sums) == len(digits) == ex.meta["n"]
+        assert 40 <= len(sums) <= 56 and sums[0] == digits[0]
+        assert all(s == (prev + d) % 10 for prev, s, d in zip(sums, sums[1:], digits[1:]))
+
+
+def test_fibonacci_answer_adds_the_two_items_before_mod_10():
+    task = get_task("fib")
+    for ex in task.examples("train", 50, seed=7):
+        a, b = ex.meta["start"]
+        assert ex.prompt == f"fib {ex.meta['n']} from {a} {b}:"
+        values = [int(v) for v in ex.answer.split()]
+        assert len(values) == ex.meta["n"] and 40 <= len(values) <= 56 and values[:2] == [a, b]
+        assert all(z == (x + y) % 10 for x, y, z in zip(values, values[1:], values[2:]))
+
+
+def test_a_training_curriculum_widens_one_instance_not_the_suite():
+    """train_tiny_dlm --chains-min-items lowers min_items on its own task objects; the suite's
+    examples (what the benchmark scores) keep their range."""
+    short = get_task("sum")
+    short.min_items = 4
+    assert min(ex.meta["n"] for ex in short.examples("train", 200, seed=9)) < 40
+    assert min(ex.meta["n"] for ex in get_task("sum").examples("train", 200, seed=9)) >= 40
 
 
 def test_count_answer_adds_the_step_mod_10():
@@ -42,7 +72,7 @@ def test_walk_answer_steps_around_the_sorted_ring():
         assert len(set(names[:24])) == 24  # the step is coprime to 24
 
 
-@pytest.mark.parametrize("name", SUITES["chains"])
+@pytest.mark.parametrize("name", SUITES["chains"] + SUITES["chains-hard"])
 def test_exact_match_scoring(name):
     task = get_task(name)
     ex = task.examples("test", 1, seed=0)[0]
@@ -53,7 +83,7 @@ def test_exact_match_scoring(name):
     assert task.score(ex, "") == 0.0 and task.score(ex, None) == 0.0
 
 
-@pytest.mark.parametrize("name", SUITES["chains"])
+@pytest.mark.parametrize("name", SUITES["chains"] + SUITES["chains-hard"])
 def test_answers_fit_the_generation_length_in_tokens(name):
     tok = TinyCharTokenizer.from_pretrained(CHECKPOINT_DIR)  # the built-in models' tokenizer
     lengths = [len(tok.encode(ex.answer)) for ex in get_task(name).examples("train", 200, seed=5)]

@@ -19,7 +19,7 @@ def test_deterministic_and_valid(name):
     tok = TinyCharTokenizer()
     for ex in a:
         assert ex.task == name
-        if name not in SUITES["chains"]:  # chains have their own lengths (tests/dlm/test_chains.py)
+        if name not in SUITES["chains"] + SUITES["chains-hard"]:  # chains have their own lengths (tests/dlm/test_chains.py)
             assert len(ex.answer) <= MAX_ANSWER_CHARS and len(ex.prompt) <= MAX_PROMPT_CHARS
         tok.encode(ex.input_text + ex.answer)  # inside the tiny model's alphabet
         assert task.score(ex, ex.answer) == 1.0
@@ -51,7 +51,8 @@ def test_registry_errors():
         get_task("nope")
     with pytest.raises(ValueError, match="valid suites"):
         get_suite("nope")
-    assert {t.name for t in get_suite("all")} | set(SUITES["chains"]) == set(SUITES["all"]) | set(SUITES["chains"]) == set(ALL)
+    chains = set(SUITES["chains"]) | set(SUITES["chains-hard"])
+    assert {t.name for t in get_suite("all")} | chains == set(SUITES["all"]) | chains == set(ALL)
     assert [t.name for t in get_suite("puzzles")] == ["sudoku", "latin"]
     with pytest.raises(ValueError):
         get_task("copy").examples("val", 1, 0)

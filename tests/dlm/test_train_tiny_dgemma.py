@@ -193,3 +193,21 @@ def test_shipped_checkpoint_loads_with_transformers_and_generates(tok):
     new = out.sequences[0, ids.shape[1]:]
     assert new.shape[0] % model.config.canvas_length == 0 and float(out.tokens_per_forward[0]) > 0
     assert isinstance(shipped_tok.decode(new), str)
+
+
+def test_init_starts_from_a_checkpoints_weights_and_size(train, tok, tmp_path):
+    """--init takes the folder's weights and model size (not the command's defaults) with a fresh
+    optimizer; at a learning rate of 0 the saved weights are the folder's, to bfloat16 storage."""
+    src = tmp_path / "src"
+    model = _model(tok)
+    model.save_pretrained(src)
+    tok.save_pretrained(src)
+    out = tmp_path / "run"
+    train.main(["--init", str(src), "--out", str(out), "--max-minutes", "0.0001", "--batch-size", "2",
+                "--lr", "0", "--eval-n", "0", "--threads", "1"])
+    saved = DiffusionGemmaForBlockDiffusion.from_pretrained(str(out / "checkpoint"), dtype=torch.float32)
+    assert saved.config.text_config.hidden_size == 32 and saved.config.canvas_length == 4
+    for (name, p), q in zip(model.state_dict().items(), saved.state_dict().values()):
+        torch.testing.assert_close(q, p.to(torch.bfloat16).float(), msg=name)
+    with pytest.raises(SystemExit):  # --init and --resume together are refused (argparse error)
+        train.main(["--init", str(src), "--resume", "--out", str(out)])
