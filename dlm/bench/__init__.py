@@ -10,8 +10,9 @@ CLI: `dlm bench --model tiny-dlm --suite list_edits --samplers confidence,thresh
 """
 from dlm.bench.diffusers_llada2 import BASELINES, DiffusersModelWrapper, DiffusersTokenizerWrapper, build_pipeline, run_llada2
 from dlm.bench.external import ExternalRow, ExternalRun, external_rows
-from dlm.bench.harness import (BenchConfig, BenchResult, PairResult, SamplerSpec, compare_to_baselines, load_model,
-                               parse_sampler_specs, parse_steps, resolve_suite, run_bench, summarize_targets)
+from dlm.bench.harness import (BenchConfig, BenchResult, PairResult, compare_to_baselines, load_model, resolve_suite,
+                               run_bench, summarize_targets)
+from dlm.bench.specs import SamplerSpec, parse_sampler_specs, parse_steps
 from dlm.bench.report import format_markdown, format_table, load_result, plot_results, write_all, write_csv, write_json
 
 __all__ = [
