@@ -158,13 +158,16 @@ class _BlockForward:
 
         Reuses the block's KV cache when there is one (the prefix, and for "dual" also the suffix,
         are identical for all k candidates of a row, so the cached K/V are repeated, not
-        recomputed); without a cache it is one full forward over all R'*k rows."""
+        recomputed); without a cache, or with a refresh at every step, it is one full forward over
+        all R'*k rows."""
         a = self.adapter
         self._adopt_prompt_cache()  # a block's first step may reuse logits and look ahead before any forward
         mask, pos = (None if t is None else (t if live is None else t[live]).repeat_interleave(k, dim=0)
                      for t in (self.attention_mask, self.position_ids))
         x, mask, pos = _select(x, mask, pos, end if self.cut else None, None)
-        if self.mode == "none" or self.cache is None:
+        # With a refresh at every step the next step (which may reuse these logits instead of its own
+        # forward) promises a full forward, so the candidates get one too: exact, as without a cache.
+        if self.mode == "none" or self.cache is None or self.refresh_every == 1:
             return a.align(self._full(x, mask, pos, keep_cache=False), 0, start, end)
         held = self._repeated
         if held is None or held[0] != k or not _same_rows(held[1], live):

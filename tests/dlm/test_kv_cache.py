@@ -292,3 +292,18 @@ def test_prompt_blindness_is_declared_never_inferred(model, prompt_only_model):
         assert DLMAdapter.wrap(model).prompt_ignores_response
     finally:
         del model.dlm_prompt_ignores_response
+
+
+@pytest.mark.parametrize("mode", ["prefix", "dual", "prompt"])
+def test_refresh_every_step_makes_lookahead_exact_on_a_bidirectional_model(restart_model, mode):
+    """`cache_refresh_every=1` promises a full forward at every step. LoPA's next step reuses its
+    branch call's logits instead of running one, so those branch calls must be full forwards too:
+    with them, every cache mode gives the uncached tokens (on a model where a stale cache differs)."""
+    model, tok = restart_model
+    ids = torch.tensor([tok.encode("copy: ana bo\n"), tok.encode("sort: tom bo\n")])
+    kw = dict(gen_length=16, block_length=8, steps=8, sampler="lopa")
+    plain = dlm.generate(model, ids, kv_cache="none", **kw)
+    refreshed = dlm.generate(model, ids, kv_cache=mode, cache_refresh_every=1, **kw)
+    assert torch.equal(plain.sequences, refreshed.sequences)
+    assert (plain.nfe, plain.branch_forwards) == (refreshed.nfe, refreshed.branch_forwards)
+    assert not torch.equal(plain.sequences, dlm.generate(model, ids, kv_cache=mode, **kw).sequences)
