@@ -14,7 +14,10 @@ BUILTIN_MODELS = {"tiny-dlm": str(CHECKPOINT_DIR),
                   # transformers' DiffusionGemma architecture, trained by scripts/train_tiny_dgemma.py
                   "tiny-dgemma": str(CHECKPOINT_DIR.parent / "tiny-dgemma"),
                   # tiny-dlm fine-tuned on the long sequential `chains` suite as well (issue 33)
-                  "tiny-dlm-chains": str(CHECKPOINT_DIR.parent / "tiny-dlm-chains")}
+                  "tiny-dlm-chains": str(CHECKPOINT_DIR.parent / "tiny-dlm-chains"),
+                  # tiny-dlm fine-tuned on the running sum (`chains-hard` suite's `sum`), a chain that
+                  # the position cannot shortcut (issue 33)
+                  "tiny-dlm-chains-hard": str(CHECKPOINT_DIR.parent / "tiny-dlm-chains-hard")}
 
 # Classes load on first use (PEP 562): listing the built-in models needs neither torch nor
 # transformers. Touching any of them registers the config with transformers' Auto classes.

@@ -111,19 +111,20 @@ def test_bench_uses_the_suites_own_generation_length(tmp_path):
     assert gen_length(tmp_path / "b") == 64
 
 
-def test_builtin_chains_model_loads_both_ways_and_answers_a_chain():
-    """The shipped `tiny-dlm-chains`: dlm.load and transformers' AutoModel give the same model, its
+@pytest.mark.parametrize("name,task", [("tiny-dlm-chains", "count"), ("tiny-dlm-chains-hard", "sum")])
+def test_builtin_chains_model_loads_both_ways_and_answers_a_chain(name, task):
+    """The shipped chains models: dlm.load and transformers' AutoModel give the same model, its
     positions cover a chains prompt plus 128 tokens, and it writes a chain's first items right."""
     import dlm
     from transformers import AutoModel
 
     from dlm.tiny import BUILTIN_MODELS
 
-    path = BUILTIN_MODELS["tiny-dlm-chains"]
-    model, tok = dlm.load("tiny-dlm-chains")
+    path = BUILTIN_MODELS[name]
+    model, tok = dlm.load(name)
     assert tok.vocab_size == model.config.vocab_size and model.config.max_position_embeddings >= 320
     auto = AutoModel.from_pretrained(path).eval()
-    ex = get_task("count").examples("test", 1, seed=0)[0]
+    ex = get_task(task).examples("test", 1, seed=0)[0]
     ids = torch.tensor([tok.encode_prompt(ex.prompt)])
     x = torch.cat([ids, torch.full((1, 128), tok.mask_token_id)], 1)
     torch.testing.assert_close(auto(x).logits, model(x).logits)
