@@ -8,7 +8,10 @@ with the cheapest baseline pair whose quality is within `tolerance` points of th
     ratio = baseline_nfe / candidate_nfe   (> 1: the candidate needs fewer forwards per sequence)
 
 `None` when no baseline pair reaches the candidate's quality minus the tolerance (the candidate is
-better than the whole frontier; the ratio is then unbounded, reported as such, not as a number).
+better than the whole frontier; the ratio is then unbounded, reported as such, not as a number), and
+`None` with `below` set when the candidate is more than `tolerance` points worse than that cheapest
+baseline pair: the baseline has no point of the candidate's quality, so there is no equal-quality
+comparison to make (a sampler that breaks its answers is not "faster at equal quality").
 """
 from __future__ import annotations
 
@@ -42,13 +45,14 @@ def equal_quality_ratio(result, candidate: str, baseline: Iterable[str], toleran
     for p in sorted(_pairs(result, [candidate]), key=lambda q: q.budget):
         ok = [b for b in base if b["quality"] >= p.quality - tolerance]
         match = min(ok, key=lambda b: b["nfe"]) if ok else None
+        below = match is not None and p.quality < match["quality"] - tolerance
         rows.append({"budget": p.budget, "quality": p.quality, "nfe": p.nfe,
-                     "baseline": match,
-                     "nfe_ratio": None if match is None else match["nfe"] / max(p.nfe, 1e-9)})
+                     "baseline": match, "below": below,
+                     "nfe_ratio": None if match is None or below else match["nfe"] / max(p.nfe, 1e-9)})
     return rows
 
 
 def best_ratio(rows: list[dict]) -> dict | None:
-    """The candidate point with the largest forward ratio (points beyond the frontier excluded)."""
+    """The candidate point with the largest forward ratio (points beyond or below the frontier excluded)."""
     finite = [r for r in rows if r["nfe_ratio"] is not None]
     return max(finite, key=lambda r: r["nfe_ratio"]) if finite else None

@@ -26,11 +26,12 @@ def test_ratio_uses_the_cheapest_frontier_point_within_tolerance():
     taus = ["threshold:tau=0.5", "threshold:tau=0.9", "threshold:tau=0.95"]
     rows = equal_quality_ratio(_result(), "lopa", taus, tolerance=1.0)
     assert [r["budget"] for r in rows] == [32, 64, 128]
-    assert rows[0]["baseline"]["sampler"] == "threshold:tau=0.5" and rows[0]["nfe_ratio"] == pytest.approx(2.0)
+    # 60% is 10 points below the frontier's cheapest point (70%): no equal-quality point, no ratio
+    assert rows[0]["baseline"]["sampler"] == "threshold:tau=0.5" and rows[0]["below"] and rows[0]["nfe_ratio"] is None
     # 89.5 - 1 = 88.5: tau=0.9 (60 NFE) is the cheapest point that good, not tau=0.95
     assert rows[1]["baseline"]["sampler"] == "threshold:tau=0.9" and rows[1]["nfe_ratio"] == pytest.approx(2.0)
     assert rows[2]["baseline"] is None and rows[2]["nfe_ratio"] is None  # beyond the whole frontier
-    assert best_ratio(rows)["budget"] in (32, 64)
+    assert not rows[1]["below"] and best_ratio(rows)["budget"] == 64
     assert best_quality(_result(), taus) == 91.0
     assert [p["nfe"] for p in frontier_points(_result(), taus)] == [20.0, 60.0, 80.0]
 
