@@ -50,7 +50,8 @@ def _ratio_row(name, rows, target):
     if best is None:
         below = [r for r in rows if r.get("below")]
         if below:  # every point of the method is worse than the baseline's cheapest point of that quality
-            r, b = max(below, key=lambda r: r["quality"]), max(below, key=lambda r: r["quality"])["baseline"]
+            r = max(below, key=lambda r: r["quality"])
+            b = r["baseline"]
             return (f"| {name} | {r['budget']} | {r['quality']:.1f} / {r['nfe']:.1f} | below the frontier: "
                     f"{b['sampler']}@{b['budget']} reaches {b['quality']:.1f} / {b['nfe']:.1f} | - | {target}x | not met |")
         return f"| {name} | - | - | beyond the frontier or no pair | - | {target}x | n/a |"

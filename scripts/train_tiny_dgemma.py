@@ -325,12 +325,6 @@ def main(argv=None):
     state_path = out / "state.pt"
     if args.resume and args.init:
         ap.error("--resume and --init: give one (--resume continues --out's run, --init starts a new one)")
-    if args.init:
-        init_cfg = json.loads((Path(args.init) / "config.json").read_text())
-        text = init_cfg["text_config"]
-        args.hidden_size, args.layers = text["hidden_size"], text["num_hidden_layers"]
-        args.intermediate, args.experts = text["intermediate_size"], text["num_experts"]
-        args.canvas_length = init_cfg["canvas_length"]
     if args.resume:
         if not state_path.is_file():
             raise SystemExit(f"--resume: no {state_path}")
@@ -338,15 +332,18 @@ def main(argv=None):
         saved = state["args"]
         for key in ("hidden_size", "layers", "intermediate", "experts", "canvas_length"):
             setattr(args, key, saved[key])
-    cfg = tiny_dgemma_config(tok.vocab_size, hidden_size=args.hidden_size, layers=args.layers,
-                             intermediate_size=args.intermediate, num_experts=args.experts,
-                             canvas_length=args.canvas_length)
     torch.manual_seed(args.seed)
     if args.init:  # the folder's config and weights (its every size, not only those recorded in args)
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.init, dtype=torch.float32)
+        text = model.config.text_config  # recorded in args, so training_info and a --resume see them
+        args.hidden_size, args.layers = text.hidden_size, text.num_hidden_layers
+        args.intermediate, args.experts = text.intermediate_size, text.num_experts
+        args.canvas_length = model.config.canvas_length
         print(f"weights from {args.init}", flush=True)
     else:
-        model = DiffusionGemmaForBlockDiffusion(cfg)
+        model = DiffusionGemmaForBlockDiffusion(tiny_dgemma_config(
+            tok.vocab_size, hidden_size=args.hidden_size, layers=args.layers, intermediate_size=args.intermediate,
+            num_experts=args.experts, canvas_length=args.canvas_length))
     device = torch.device(args.device)
     model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.98))

@@ -559,7 +559,7 @@ def main(argv=None):
     for task in chain_tasks if args.chains_min_items else ():
         task.min_items = min(task.min_items, args.chains_min_items)  # this instance only: the suite keeps its range
     chain_weight_of = chain_weights(args.chains_weights)
-    chain_task_weights = [chain_weight_of.get(t.name, 1.0) for t in chain_tasks]
+    chain_task_weights = [chain_weight_of[t.name] for t in chain_tasks]  # every chains task has a default
     cfg = TinyDLMConfig(
         vocab_size=tok.vocab_size, hidden_size=args.hidden_size, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, intermediate_size=args.intermediate,
