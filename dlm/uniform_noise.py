@@ -42,8 +42,9 @@ from dlm.outputs import GenerateOutput, StepTrace, nonfinite_positions, raise_no
 from dlm.masked_loop import check_lookahead_call
 from dlm.schedule import block_budget, tokens_this_step
 from samplers import Sampler, StepContext
-from samplers.unmasking.entropy_bound import (EntropyBoundConfig, StableConfidentStop, categorical_entropy,
-                                              entropy_bound_accept, exponential_race, linear_temperature)
+from samplers.unmasking._common import rows_per_chunk
+from samplers.unmasking.entropy_bound import (EntropyBoundConfig, StableConfidentStop, entropy_bound_accept,
+                                              linear_temperature, race_entropy_argmax, stream_segments)
 
 UNIFORM_MODEL_TYPES = ("diffusion_gemma",)
 # The "mask" id our masked samplers see for a position not accepted yet: DiffusionGemma has no mask
@@ -70,7 +71,15 @@ class DiffusionGemmaCanvasModel:
         self.model = model
         self.canvas_length = int(model.config.canvas_length)
         self.vocab_size = int(model.config.text_config.vocab_size)
-        self.embed_dtype = model.model.decoder.embed_tokens.weight.dtype
+        decoder = model.model.decoder
+        self.embed_dtype = decoder.embed_tokens.weight.dtype
+        # The decoder reads its previous step's logits only through `softmax(logits) @ E * scale`
+        # (the soft embedding, `[C, H]` per row) fed to its `self_conditioning` block: the loop keeps
+        # that instead of the `[C, V]` logits (a 262k vocabulary: 1 KB instead of 1 MB per position).
+        self.self_conditioning_block = getattr(decoder, "self_conditioning", None)
+        if not isinstance(self.self_conditioning_block, torch.nn.Module):
+            raise ValueError("this DiffusionGemma decoder has no `self_conditioning` block; dlm's engine needs "
+                             "transformers >= 5.19 (pip install -U transformers)")
         # transformers 5.24 renamed the cache keyword `past_key_values` -> `cache` (and the encoder
         # output's field); read the installed name once instead of pinning one release.
         params = inspect.signature(model._prepare_encoder_inputs).parameters
@@ -92,19 +101,50 @@ class DiffusionGemmaCanvasModel:
             config=self.model.config, inputs_embeds=canvas.unsqueeze(-1), decoder_attention_mask=decoder_attention_mask,
             **{self.cache_kw: cache})
 
-    def decode(self, canvas, self_conditioning, masks, cache, positions) -> torch.Tensor:
-        """One decoder forward: logits `[R, C, V]` float32 for `canvas [R, C]`.
+    def soft_embeddings(self, logits: torch.Tensor, divide_by: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder's self-conditioning input for the previous step's `logits [N, V]` (divided by
+        `divide_by` first when given): `softmax(logits.to(embed dtype), float32).to(W) @ W * scale`,
+        the operations of transformers' decoder, in chunks of positions (`rows_per_chunk`) so that no
+        `[N, V]` probability table exists. Returns `[N, H]` in the embedding dtype."""
+        embed = self.model.model.decoder.embed_tokens
+        weight = embed.weight
+        scale = embed.embed_scale.to(weight.dtype)
+        out = torch.empty((logits.shape[0], weight.shape[1]), dtype=weight.dtype, device=logits.device)
+        k = rows_per_chunk(logits.shape[0], logits.shape[1])
+        for start in range(0, logits.shape[0], k):
+            chunk = logits[start:start + k]
+            if divide_by is not None:
+                chunk = chunk / divide_by
+            probs = chunk.to(self.embed_dtype).softmax(dim=-1, dtype=torch.float32).to(weight.dtype)
+            out[start:start + k] = torch.matmul(probs, weight) * scale
+        return out
+
+    def decode(self, canvas, soft_embeddings, masks, cache, positions) -> torch.Tensor:
+        """One decoder forward: logits `[R, C, V]` float32 for `canvas [R, C]`, self-conditioned on
+        `soft_embeddings [R, C, H]` (`soft_embeddings` of the previous step; None at a canvas's first
+        step, where transformers' decoder uses zeros).
 
         The decoder and the head called directly, with the operations of
-        `DiffusionGemmaForBlockDiffusion.forward` (head, float32, tanh soft-capping): the same logits
-        without two wrapper layers per step."""
+        `DiffusionGemmaForBlockDiffusion.forward` (head, float32, tanh soft-capping, here in place on
+        our own tensor: the same values, two vocabulary tables fewer): the same logits without two
+        wrapper layers per step. The soft embeddings reach the decoder's `self_conditioning` block
+        through a forward pre-hook in place of the zeros it computes when given no logits."""
         m = self.model
-        hidden = m.model.decoder(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning,
-                                 decoder_attention_mask=masks, decoder_position_ids=positions,
-                                 **{self.cache_kw: cache}).last_hidden_state
+        hook = None
+        if soft_embeddings is not None:
+            def feed(module, args):
+                return args[0], soft_embeddings
+            hook = self.self_conditioning_block.register_forward_pre_hook(feed)
+        try:
+            hidden = m.model.decoder(decoder_input_ids=canvas, self_conditioning_logits=None,
+                                     decoder_attention_mask=masks, decoder_position_ids=positions,
+                                     **{self.cache_kw: cache}).last_hidden_state
+        finally:
+            if hook is not None:
+                hook.remove()
         logits = m.lm_head(hidden).to(torch.float32)
         cap = m.final_logit_softcapping
-        return torch.tanh(logits / cap) * cap
+        return logits.div_(cap).tanh_().mul_(cap)
 
 
 def select_cache_rows(cache, rows: torch.Tensor, repeat: int = 1):
@@ -124,7 +164,8 @@ def select_cache_rows(cache, rows: torch.Tensor, repeat: int = 1):
 
 class _LiveDecoder:
     """Runs the decoder on a subset of the batch, rebuilding the row-selected cache and masks only
-    when the subset changes (rows only ever leave within a canvas)."""
+    when the subset changes (rows only ever leave within a canvas). The subset is known on the host
+    (`live`, the loop's list of batch rows; None for every row), so no device read decides it."""
 
     def __init__(self, canvas_model: DiffusionGemmaCanvasModel, cache, decoder_attention_mask, positions, batch: int):
         self.cm, self.cache, self.mask2d, self.positions = canvas_model, cache, decoder_attention_mask, positions
@@ -132,18 +173,18 @@ class _LiveDecoder:
         self._rows_key, self._cache, self._masks = None, None, None
         self.forward_tokens = 0
 
-    def _prepared(self, rows: torch.Tensor, canvas: torch.Tensor):
-        key = tuple(rows.tolist())  # rows leave, and come back at a new sub-block: key on the set
-        if self._rows_key != key:
-            every = rows.numel() == self.batch
+    def _prepared(self, rows: torch.Tensor, canvas: torch.Tensor, live: list[int] | None):
+        key = None if live is None else tuple(live)  # rows leave, and come back at a new sub-block
+        if self._rows_key != key or self._cache is None:
+            every = live is None
             self._cache = self.cache if every else select_cache_rows(self.cache, rows)
             mask2d = self.mask2d if every else self.mask2d[rows]
             self._masks = self.cm.decoder_masks(mask2d, self._cache, canvas)
             self._rows_key = key
         return self._cache, self._masks
 
-    def __call__(self, canvas: torch.Tensor, self_conditioning, rows: torch.Tensor) -> torch.Tensor:
-        cache, masks = self._prepared(rows, canvas)
+    def __call__(self, canvas: torch.Tensor, self_conditioning, rows: torch.Tensor, live: list[int] | None) -> torch.Tensor:
+        cache, masks = self._prepared(rows, canvas, live)
         self.forward_tokens += canvas.numel()
         return self.cm.decode(canvas, self_conditioning, masks, cache, self.positions)
 
@@ -164,7 +205,9 @@ class EntropyBoundRule:
 
     `generator=None` draws from the global torch RNG in transformers' order and amounts (exact mode);
     with a generator, only the live rows' randomness is drawn (sampler mode). The canvas output is
-    the last argmax. State per row is O(C) beyond the self-conditioning logits (the current logits)."""
+    the last argmax. State per row is O(C) plus the soft embeddings `[C, H]` the decoder is
+    self-conditioned on; a step's vocabulary-wide work runs in chunks of positions
+    (`race_entropy_argmax`), so no probability table of the whole canvas exists."""
 
     def __init__(self, config: EntropyBoundConfig, max_steps: int, vocab_size: int, canvas_length: int,
                  embed_dtype: torch.dtype, generator: torch.Generator | None = None, full_stream: bool = True):
@@ -173,63 +216,69 @@ class EntropyBoundRule:
         self.stop = (StableConfidentStop(config.stability_threshold, config.confidence_threshold)
                      if config.confidence_threshold is not None else None)
 
-    def start(self, batch: int, device: torch.device, finished_sequences: torch.Tensor) -> None:
+    def start(self, batch: int, device: torch.device, finished_sequences: torch.Tensor,
+              finished_rows: list[bool]) -> list[int] | None:
+        """A new canvas; `finished_sequences [B]` bool (and the same on the host, `finished_rows`)
+        marks rows whose sequence ended. Returns the rows the first step decodes (None: all)."""
         self.batch = batch
         self.canvas = torch.randint(0, self.V, (batch, self.C), device=device, generator=self.generator)
         self.argmax = self.canvas.clone()  # its own tensor: per-row updates below write in place
-        self.self_conditioning = None  # [B, C, V] after the first step
+        self.soft = None  # [B, C, H] self-conditioning input after the first step
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         if self.stop is not None:
             self.stop.reset(batch, self.C, device)
         # transformers keeps running rows whose sequence already ended (their canvas becomes pad):
         # they decide how many steps the batch runs, so they stay here too.
         self.skip = torch.zeros_like(self.done) if self.full_stream else finished_sequences.clone()
+        if self.full_stream or not any(finished_rows):
+            return None
+        return [row for row, ended in enumerate(finished_rows) if not ended]
 
     def budget(self) -> int:
         return self.max_steps
 
-    def live_rows(self) -> torch.Tensor:
-        return (~(self.done | self.skip)).nonzero().squeeze(1)
+    def live_mask(self) -> torch.Tensor:
+        """`[B]` bool: rows still denoising (read by the loop in its one host read per step)."""
+        return ~(self.done | self.skip)
+
+    def next_live(self, live: list[int]) -> list[int]:
+        """The rows the next step decodes, given the host copy of `live_mask()` as row indices."""
+        return live
 
     def self_conditioning_for(self, rows: torch.Tensor):
-        return None if self.self_conditioning is None else self.self_conditioning[rows]
+        return None if self.soft is None else self.soft[rows]
 
-    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder) -> tuple[int, int]:
-        """Phases score/accept/renoise/stop for `rows` (`[R]`), logits `[R, C, V]`. Returns the
-        forwards and branch forwards spent beyond the loop's own (none here)."""
+    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder,
+             live: list[int] | None = None) -> tuple[int, int]:
+        """Phases score/accept/renoise/stop for `rows` (`[R]`, on the host `live`; None: every row),
+        logits `[R, C, V]`. Returns the forwards and branch forwards spent beyond the loop's own
+        (none here)."""
         R, C, V = logits.shape
         # in place: the raw logits are ours and not needed after this (one vocabulary table fewer)
         processed = logits.div_(linear_temperature(self.max_steps - step, self.max_steps, self.config.t_min,
                                                    self.config.t_max, device=logits.device))
-        probs = torch.softmax(processed, dim=-1, dtype=torch.float32).view(R * C, V)
         every = R == self.batch
-        flat_rows = None if every else (rows.unsqueeze(1) * C + torch.arange(C, device=rows.device)).reshape(-1)
-        sampled = exponential_race(probs, self.generator, rows=flat_rows if self.full_stream else None,
-                                   total_rows=self.batch * C if self.full_stream else None).view(R, C)
-        del probs
-        entropy = categorical_entropy(processed)  # once: transformers computes it twice
+        flat = processed.view(R * C, V)
+        segments = stream_segments(self.batch, None if every else live) if self.full_stream else [(R, 0)]
+        sampled, entropy, new_argmax = race_entropy_argmax(flat, C, segments, self.generator)
+        sampled, entropy, new_argmax = sampled.view(R, C), entropy.view(R, C), new_argmax.view(R, C)
         accepted = entropy_bound_accept(entropy, self.config.entropy_bound)
         noise_rows = self.batch if self.full_stream else R
         noise = torch.randint(0, V, (noise_rows, C), device=logits.device, generator=self.generator)
         if self.full_stream and not every:
             noise = noise[rows]
         new_canvas = torch.where(accepted, sampled, noise)
-        new_argmax = processed.argmax(dim=-1)
-        if self.self_conditioning is None:
-            self.self_conditioning = processed.new_zeros((self.batch, C, V), dtype=self.embed_dtype)
+        soft = decoder.cm.soft_embeddings(flat).view(R, C, -1)
+        if self.soft is None:
+            self.soft = soft.new_zeros((self.batch, C, soft.shape[-1]))
         if every:
-            self.canvas, self.argmax = new_canvas, new_argmax
-            self.self_conditioning = processed.to(self.embed_dtype)
+            self.canvas, self.argmax, self.soft = new_canvas, new_argmax, soft
         else:
-            self.canvas[rows], self.argmax[rows] = new_canvas, new_argmax
-            self.self_conditioning[rows] = processed.to(self.embed_dtype)
+            self.canvas[rows], self.argmax[rows], self.soft[rows] = new_canvas, new_argmax, soft
         if self.stop is not None:
             self.done[rows] |= self.stop(new_argmax, entropy, None if every else rows)
         self.last_trace = (accepted.sum(dim=1), (~accepted).sum(dim=1))  # accepted, renoised
         return 0, 0
-
-    def all_done(self) -> bool:
-        return bool((self.done | self.skip).all())
 
     def tokens(self) -> torch.Tensor:
         return self.argmax
@@ -262,16 +311,20 @@ class AcceptRule:
         self.steps = steps  # this canvas's budget
         self.block_start = 0  # absolute position of the canvas, set by the loop
 
-    def start(self, batch: int, device: torch.device, finished_sequences: torch.Tensor) -> None:
+    def start(self, batch: int, device: torch.device, finished_sequences: torch.Tensor,
+              finished_rows: list[bool]) -> list[int] | None:
+        """A new canvas (see `EntropyBoundRule.start`). Returns the rows the first step decodes."""
         self.batch = batch
         self.canvas = torch.randint(0, self.V, (batch, self.C), device=device, generator=self.generator)
         self.accepted = torch.zeros(batch, self.C, dtype=torch.bool, device=device)
-        self.self_conditioning = None
+        self.soft = None  # [B, C, H] self-conditioning input after the first step
         self.skip = finished_sequences.clone()  # rows whose sequence ended leave the decoder batch
+        self.open_rows = [row for row, ended in enumerate(finished_rows) if not ended]
         self.sub_blocks = self.C // self.block
         self.sub, self.sub_used, self.spent_before_sub = 0, 0, 0
         self.sub_budget = block_budget(self.steps, self.sub_blocks)
         self.last_trace = None
+        return None if len(self.open_rows) == batch else list(self.open_rows)
 
     def budget(self) -> int:
         return self.steps
@@ -279,19 +332,33 @@ class AcceptRule:
     def _window(self) -> tuple[int, int]:
         return self.sub * self.block, (self.sub + 1) * self.block
 
-    def live_rows(self) -> torch.Tensor:
+    def live_mask(self) -> torch.Tensor:
+        """`[B]` bool: rows with positions left to accept in the current sub-block."""
         lo, hi = self._window()
-        open_rows = ~self.accepted[:, lo:hi].all(dim=1)
-        return (open_rows & ~self.skip).nonzero().squeeze(1)
+        return ~self.accepted[:, lo:hi].all(dim=1) & ~self.skip
+
+    def next_live(self, live: list[int]) -> list[int]:
+        """The rows the next step decodes, given the host copy of `live_mask()` as row indices: those,
+        or, once every row has accepted the whole sub-block, every open row at the next sub-block
+        (nothing is accepted there yet); [] when the canvas is done. Its budget is the fair share of
+        what the canvas has left (unused passes roll over)."""
+        if live or self.sub >= self.sub_blocks - 1 or not self.open_rows:
+            return live
+        self.spent_before_sub += self.sub_used
+        self.sub += 1
+        self.sub_used = 0
+        self.sub_budget = block_budget(self.steps - self.spent_before_sub, self.sub_blocks - self.sub)
+        return list(self.open_rows)
 
     def self_conditioning_for(self, rows):
-        return None if self.self_conditioning is None else self.self_conditioning[rows]
+        return None if self.soft is None else self.soft[rows]
 
     def _renoise(self, tokens: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
         noise = torch.randint(0, self.V, tokens.shape, device=tokens.device, generator=self.generator)
         return torch.where(accepted, tokens, noise)
 
-    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder) -> tuple[int, int]:
+    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder,
+             live: list[int] | None = None) -> tuple[int, int]:
         """One step for `rows` (`[R]`), logits `[R, C, V]`: the sampler decides on the current
         sub-block, the contract is enforced, the rest renoised. Returns the look-ahead forwards and
         branch forwards the sampler spent beyond the loop's own forward."""
@@ -324,27 +391,14 @@ class AcceptRule:
         self.canvas[rows] = self._renoise(tokens, accepted)
         temperature = linear_temperature(self.steps - step, max(self.steps, 1), self.t_min, self.t_max,
                                          device=logits.device)
-        if self.self_conditioning is None:
-            self.self_conditioning = logits.new_zeros((self.batch, self.C, self.V), dtype=self.embed_dtype)
-        self.self_conditioning[rows] = (logits / temperature).to(self.embed_dtype)
+        R = logits.shape[0]
+        soft = decoder.cm.soft_embeddings(logits.view(R * self.C, self.V), divide_by=temperature)
+        if self.soft is None:
+            self.soft = soft.new_zeros((self.batch, self.C, soft.shape[-1]))
+        self.soft[rows] = soft.view(R, self.C, -1)
         left = (new_block == UNACCEPTED).sum(dim=1)
         self.last_trace = (masks_left - left, left)  # accepted this step, left in the sub-block
-        self._advance_sub_block()
         return extra, (0 if lookahead is None else lookahead.branches)
-
-    def _advance_sub_block(self) -> None:
-        """Move to the next sub-block once every row of the batch has accepted all of this one; its
-        budget is the fair share of what the canvas has left (unused passes roll over)."""
-        lo, hi = self._window()
-        while self.sub < self.sub_blocks - 1 and bool((self.accepted[:, lo:hi].all(dim=1) | self.skip).all()):
-            self.spent_before_sub += self.sub_used
-            self.sub += 1
-            self.sub_used = 0
-            self.sub_budget = block_budget(self.steps - self.spent_before_sub, self.sub_blocks - self.sub)
-            lo, hi = self._window()
-
-    def all_done(self) -> bool:
-        return bool((self.accepted.all(dim=1) | self.skip).all())
 
     def tokens(self) -> torch.Tensor:
         return self.canvas
@@ -445,7 +499,9 @@ def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tenso
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     sequences = input_ids.clone()
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    finished_rows = [False] * batch  # the host's copy, read once per canvas
     per_row_nfe = torch.zeros(batch, dtype=torch.long, device=device)
+    every_row = torch.arange(batch, device=device)
     nfe = forward_tokens = branch_forwards = 0
     steps_left = plan.steps
     steps_per_block: list[int] = []
@@ -462,21 +518,31 @@ def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tenso
         budget = None if steps_left is None else block_budget(steps_left, n_canvases - index)
         rule = make_rule(index, budget)
         rule.block_start = cur_len
-        rule.start(batch, device, finished)
+        live = rule.start(batch, device, finished, finished_rows)  # host list of rows (None: all)
         decoder = _LiveDecoder(canvas_model, cache, decoder_mask2d, dec_positions, batch)
         used = 0
-        # 1.c denoising steps
+        # 1.c denoising steps; the host reads the device once per step (which rows go on, and
+        # whether the logits were finite), so it can queue the next step without waiting otherwise
         for step in range(rule.budget()):
-            rows = rule.live_rows()
-            if rows.numel() == 0 or used >= rule.budget():
+            if live == [] or used >= rule.budget():
                 break
+            rows = every_row if live is None else torch.tensor(live, dtype=torch.long, device=device)
             per_row_nfe[rows] += (~finished[rows]).long()  # rows whose sequence ended count nothing (transformers)
-            canvas = rule.canvas[rows] if rows.numel() < batch else rule.canvas
-            logits = decoder(canvas, rule.self_conditioning_for(rows) if rows.numel() < batch
-                             else rule.self_conditioning, rows)
-            if nonfinite_check is not None:
-                nonfinite_check(logits, index, step)
-            extra, extra_branches = rule.step(logits, rows, step, decoder)
+            canvas = rule.canvas if live is None else rule.canvas[rows]
+            sc = rule.soft if live is None or rule.soft is None else rule.soft[rows]
+            logits = decoder(canvas, sc, rows, live)
+            bad = None if nonfinite_check is None else nonfinite_positions(logits)
+            extra, extra_branches = rule.step(logits, rows, step, decoder, live)
+            del logits, sc
+            status = rule.live_mask().long()
+            if bad is not None:
+                status = torch.cat([bad.view(1), status])
+            status = status.tolist()  # the step's one host read
+            if bad is not None:
+                nonfinite_check(status.pop(0), index, step)
+            live = rule.next_live([row for row, on in enumerate(status) if on])
+            if live is not None and len(live) == batch:
+                live = None
             used += 1 + extra
             nfe += 1 + extra
             branch_forwards += 1 + extra_branches
@@ -489,8 +555,6 @@ def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tenso
                     callback(record)
                 if return_trace:
                     trace.append(record)
-            if rule.all_done():
-                break
         forward_tokens += decoder.forward_tokens
         steps_per_block.append(used)
         if steps_left is not None:
@@ -498,9 +562,10 @@ def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tenso
         # 1.d append the canvas; 1.e EOS and pad
         sequences = torch.cat([sequences, rule.tokens()], dim=-1)
         sequences, finished = _finalize_canvas(sequences, finished, plan, C)
+        finished_rows = finished.tolist()
         if not plan.steps:
             bar.update(1)
-        if bool(finished.all()):
+        if all(finished_rows):
             break
         # 1.f the next canvas's masks and positions (transformers' helper: same padding semantics)
         cur_len, decoder_mask2d, mask2d, enc_positions, dec_positions = model._prepare_kwargs_for_next_canvas(
@@ -618,8 +683,7 @@ def run_uniform(model, input_ids: torch.Tensor, config, *, attention_mask=None, 
                 return AcceptRule(policy, budget, C, block, V, cm.embed_dtype, config.temperature, config.generator,
                                   gc.t_min, gc.t_max, state, _enforce_contract)
 
-    def check(logits, canvas, step):
-        bad = int(nonfinite_positions(logits))
+    def check(bad: int, canvas, step):
         if bad:
             raise_nonfinite(bad, block=canvas, step=step, what="canvas")
 

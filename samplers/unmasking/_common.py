@@ -11,6 +11,31 @@ import torch
 
 FUSED_MODES = ("auto", "on", "off")
 
+# Vocabulary-wide temporaries (softmax tables, exponential draws, Gumbel noise) are made for at most
+# this many bytes of positions at a time: at Gemma's 262,144-token vocabulary one float32 table of a
+# 256-token canvas is 268 MB, so a step that made three of them per row would hold four times the
+# logits (issue 40). Rows of these operations are independent, so chunking changes no value.
+CHUNK_BYTES = 64 * 2**20
+# Chunks are a multiple of this many rows: a matrix product of fewer rows may take another BLAS path
+# (a matrix-vector kernel for one row) whose rounding differs from the whole product's.
+CHUNK_MULTIPLE = 16
+
+
+def rows_per_chunk(rows: int, vocab: int, itemsize: int = 4, divides: int | None = None) -> int:
+    """Rows of a `[rows, vocab]` table to process at a time so that one temporary of `itemsize`-byte
+    elements stays within `CHUNK_BYTES`: `rows` itself when the whole table fits, else a multiple of
+    `CHUNK_MULTIPLE` (at least that many). With `divides=n`, the chunk also divides `n` (so chunks
+    never straddle a canvas of n positions); when no such multiple exists, `n`."""
+    fit = CHUNK_BYTES // max(1, vocab * itemsize)
+    if fit >= rows:
+        return rows
+    k = max(CHUNK_MULTIPLE, fit - fit % CHUNK_MULTIPLE)
+    if divides is None:
+        return k
+    while k >= CHUNK_MULTIPLE and divides % k:
+        k -= CHUNK_MULTIPLE
+    return k if k >= CHUNK_MULTIPLE else divides
+
 
 def gumbel_max(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
     """Draw tokens from softmax(logits / T) by the Gumbel-max trick, in float64.

@@ -30,7 +30,7 @@ import torch
 
 from samplers.base import Sampler, SamplerConfig, StepContext, StepResult
 from samplers.registry import register
-from samplers.unmasking._common import commit, gather_prob
+from samplers.unmasking._common import commit, gather_prob, rows_per_chunk
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,81 @@ def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = No
     if rows is not None:
         q = q[rows]
     return torch.argmax(torch.div(probs, q, out=q), dim=-1)  # torch's own `div_out(q, p, q)`: no third table
+
+
+def stream_invariant(device: torch.device) -> bool:
+    """Whether drawing a table of exponentials in consecutive row chunks gives the numbers one call
+    over the whole table gives (tested in tests/samplers/unmasking/test_entropy_bound_chunks.py).
+    True for CPU generators (sequential streams); not for CUDA's Philox, whose per-call offsets depend
+    on the launch shape, so there the table is drawn in one call, as transformers draws it."""
+    return torch.device(device).type == "cpu"
+
+
+def race_entropy_argmax(scaled: torch.Tensor, canvas_length: int, segments: list[tuple[int, int | None]],
+                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per position of `scaled [N, V]` (float32 tempered logits, N = live rows x canvas_length): a
+    token drawn from softmax (the exponential race of `exponential_race`), the entropy
+    (`categorical_entropy`) and the argmax, without a vocabulary-sized table per position.
+
+    The random stream is the one of `exponential_race(probs, rows=..., total_rows=...)`: one
+    exponential per vocabulary entry of every row of the stream, in order. `segments` lists the
+    stream's runs in order as `(canvases, first)`: `canvases` canvases of the stream whose positions
+    are `scaled`'s rows from `first * canvas_length` on, or `first=None` for canvases drawn and
+    discarded (rows that stopped denoising: transformers keeps drawing for them). Work runs in chunks
+    of positions bounded by `rows_per_chunk`; on a device whose stream is not chunk-invariant
+    (`stream_invariant`) the exponentials are drawn in one call. Returns `[N]` long, `[N]` float32,
+    `[N]` long: the same values as the unchunked computation."""
+    N, V = scaled.shape
+    device = scaled.device
+    sampled = torch.empty(N, dtype=torch.long, device=device)
+    entropy = torch.empty(N, dtype=scaled.dtype, device=device)
+    argmax = torch.empty(N, dtype=torch.long, device=device)
+    k = rows_per_chunk(sum(n for n, _ in segments) * canvas_length, V, divides=canvas_length)
+    whole = None
+    if not stream_invariant(device):
+        total = sum(n for n, _ in segments) * canvas_length
+        whole = torch.empty((total, V), dtype=torch.float32, device=device).exponential_(1, generator=generator)
+    stream_row = 0
+    for canvases, first in segments:
+        rows = canvases * canvas_length
+        for offset in range(0, rows, k):
+            size = min(k, rows - offset)
+            if whole is None:
+                q = torch.empty((size, V), dtype=torch.float32, device=device).exponential_(1, generator=generator)
+            else:
+                q = whole[stream_row + offset: stream_row + offset + size]
+            if first is None:
+                continue
+            at = slice(first * canvas_length + offset, first * canvas_length + offset + size)
+            chunk = scaled[at]
+            probs = torch.softmax(chunk, dim=-1, dtype=torch.float32)
+            sampled[at] = torch.argmax(torch.div(probs, q, out=q), dim=-1)
+            del probs, q  # before the entropy's two temporaries: at most two chunk tables at a time
+            entropy[at] = categorical_entropy(chunk)
+            argmax[at] = chunk.argmax(dim=-1)
+        stream_row += rows
+    return sampled, entropy, argmax
+
+
+def stream_segments(batch: int, live: list[int] | None) -> list[tuple[int, int | None]]:
+    """The runs of a stream over `batch` canvases, in order, for `race_entropy_argmax`: live canvases
+    (`live`, sorted batch rows whose positions are computed, in that order; None: every row) and
+    the others, drawn and discarded. E.g. batch 4, live [1, 2] -> [(1, None), (2, 0), (1, None)]."""
+    if live is None:
+        return [(batch, 0)]
+    index = {row: i for i, row in enumerate(live)}
+    runs: list[tuple[int, int | None]] = []
+    for row in range(batch):
+        first = index.get(row)
+        if runs:
+            count, start = runs[-1]
+            contiguous = (first is None and start is None) or (
+                first is not None and start is not None and first == start + count)
+            if contiguous:
+                runs[-1] = (count + 1, start)
+                continue
+        runs.append((1, first))
+    return runs
 
 
 class StableConfidentStop:
