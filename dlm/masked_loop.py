@@ -386,16 +386,23 @@ def _live_index(needs: torch.Tensor) -> torch.Tensor | None:
     return needs.nonzero().squeeze(1)
 
 
+def _host_index(flags: list, device) -> torch.Tensor | None:
+    """`_live_index` from flags already on the host (no device read): None when all are set."""
+    if all(flags):
+        return None
+    return torch.tensor([i for i, on in enumerate(flags) if on], dtype=torch.long, device=device)
+
+
 def _stop_at_eos(x: torch.Tensor, rows: torch.Tensor, prompt_length: int, block_end: int, eos_id: int) -> torch.Tensor:
     """Fill everything after the first EOS of finished rows with EOS. Returns `[R]` bool: row finished."""
     generated = x[rows, prompt_length:block_end]
     has_eos = (generated == eos_id).any(dim=1)
-    if has_eos.any():
-        length = x.shape[1] - prompt_length
-        first = torch.where(generated == eos_id, torch.arange(generated.shape[1], device=x.device), generated.shape[1]).min(dim=1).values
-        after = torch.arange(length, device=x.device).unsqueeze(0) > first.unsqueeze(1)
-        tail = x[rows, prompt_length:]
-        x[rows, prompt_length:] = torch.where(after & has_eos.unsqueeze(1), torch.full_like(tail, eos_id), tail)
+    # no `if has_eos.any()`: the fill is a few small tensor ops, a device read would stall the host
+    length = x.shape[1] - prompt_length
+    first = torch.where(generated == eos_id, torch.arange(generated.shape[1], device=x.device), generated.shape[1]).min(dim=1).values
+    after = torch.arange(length, device=x.device).unsqueeze(0) > first.unsqueeze(1)
+    tail = x[rows, prompt_length:]
+    x[rows, prompt_length:] = torch.where(after & has_eos.unsqueeze(1), torch.full_like(tail, eos_id), tail)
     return has_eos
 
 @torch.no_grad()
@@ -448,7 +455,7 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
     if model_positions is not None:
         # The model defines its own position scheme; computed once, since the prompt never changes.
         positions = model_positions(x, full_mask)
-    active = torch.ones(batch, dtype=torch.bool, device=device)
+    active = [True] * batch  # rows still decoded, on the host (updated from one read per block)
     # Per-step EOS stop needs committed tokens to stay (a remasking sampler can reopen them). A
     # lookahead sampler's calls drop finished rows too (`_LookaheadForward`).
     skip_finished = eos_early_stop and not policy.remasks
@@ -474,9 +481,10 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
         start = prompt_length + block * block_length
         end = start + block_length
         budget = block_budget(steps_left, num_blocks - block)
-        rows = active.nonzero().squeeze(1)
-        if rows.numel() == 0:
+        if not any(active):
             break
+        row_list = [r for r, on in enumerate(active) if on]
+        rows = torch.tensor(row_list, dtype=torch.long, device=device)
         sub_mask = None if full_mask is None else full_mask[rows]
         sub_pos = None if positions is None else positions[rows]
         forward = _BlockForward(adapter, kv_cache, cache_refresh_every, cfg_scale, prompt_length, sub_mask, sub_pos,
@@ -499,15 +507,17 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
             if eligible is not None:
                 candidates &= eligible
             head_left = (block_x[:, :block_length] == mask_id).sum(dim=1)
-            # One host sync per step (the block may finish early), which also reads the previous
-            # forward's non-finite count: the check costs a reduction, not a second sync.
-            if not _block_open(head_left, nonfinite, block, step - 1):
+            needs = _rows_needing_model(block_x, adapter.eos_token_id, mask_id) if skip_finished else None
+            # One host read per step: whether the block is done, the previous forward's non-finite
+            # count and which rows still need the model, in one transfer.
+            is_open, needs = _block_open(head_left, nonfinite, block, step - 1, needs)
+            if not is_open:
                 break
             live = None
-            if skip_finished:
-                live = _live_index(_rows_needing_model(block_x, adapter.eos_token_id, mask_id))
-                if live is not None and live.numel() == 0:
+            if needs is not None:
+                if not any(needs):
                     break  # every row is finished: the EOS fill below completes the block
+                live = _host_index(needs, device)
             if reuse is not None:
                 # The sampler's lookahead call already ran the model on exactly this block state.
                 logits, was_full, forwards = reuse, False, 0
@@ -576,8 +586,10 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
         steps_per_block.append(used)
         steps_left -= used
         if eos_early_stop:
-            finished = _stop_at_eos(x, rows, prompt_length, end, adapter.eos_token_id)
-            active[rows[finished]] = False
+            finished = _stop_at_eos(x, rows, prompt_length, end, adapter.eos_token_id).tolist()  # once per block
+            for row, done in zip(row_list, finished):
+                if done:
+                    active[row] = False
     bar.close()
     seconds = time.perf_counter() - started
     return GenerateOutput(
@@ -621,15 +633,22 @@ def _step_records(block: int, step: int, nfe: int, rows: torch.Tensor, live, blo
     return records
 
 
-def _block_open(masks_left: torch.Tensor, nonfinite: torch.Tensor | None, block: int, step: int) -> bool:
-    """True while the block has masks; raises `NonFiniteLogitsError` if the last forward (block
-    `block`, step `step`) produced non-finite logits. One host sync for both."""
-    if nonfinite is None:
-        return bool(masks_left.any())
-    left, bad = torch.stack([masks_left.sum(), nonfinite.to(masks_left.dtype)]).tolist()
-    if bad:
-        raise_nonfinite(int(bad), block=block, step=step)
-    return left > 0
+def _block_open(masks_left: torch.Tensor, nonfinite: torch.Tensor | None, block: int, step: int,
+                needs: torch.Tensor | None = None) -> tuple[bool, list | None]:
+    """Whether the block has masks (and, given `needs [R]` bool, its host copy); raises
+    `NonFiniteLogitsError` if the last forward (block `block`, step `step`) produced non-finite
+    logits. One host read for all three."""
+    parts = [masks_left.sum().view(1)]
+    if nonfinite is not None:
+        parts.append(nonfinite.to(masks_left.dtype).view(1))
+    if needs is not None:
+        parts.append(needs.to(masks_left.dtype))
+    values = torch.cat(parts).tolist()
+    left = values[0]
+    if nonfinite is not None and values[1]:
+        raise_nonfinite(int(values[1]), block=block, step=step)
+    host_needs = None if needs is None else [bool(v) for v in values[1 + (nonfinite is not None):]]
+    return left > 0, host_needs
 
 
 def _reusable_logits(result, new_block: torch.Tensor, lookahead) -> torch.Tensor | None:

@@ -151,6 +151,26 @@ def step_stats(logits: torch.Tensor, ctx, margin: bool = False, entropy: bool = 
 
         s = decode_stats(logits if logits.stride(-1) == 1 else logits.contiguous())
         return StepStats(s.token, s.prob, s.margin, s.entropy)
+    lead, V = logits.shape[:-1], logits.shape[-1]
+    flat = logits.reshape(-1, V)
+    N = flat.shape[0]
+    # Gumbel noise is float64: twice the bytes of a float32 table
+    k = rows_per_chunk(N, V, itemsize=8 if ctx.temperature else 4)
+    if k >= N:
+        return _stats_of(logits, ctx, margin, entropy)
+    # Positions in chunks: each chunk's softmax (and float64 Gumbel noise, drawn in row order, so a
+    # CPU generator gives the same draws as one call) is made and dropped before the next.
+    parts = [_stats_of(flat[start:start + k], ctx, margin, entropy) for start in range(0, N, k)]
+
+    def joined(name):
+        if getattr(parts[0], name) is None:
+            return None
+        return torch.cat([getattr(part, name) for part in parts]).view(lead)
+    return StepStats(joined("proposal"), joined("confidence"), joined("margin"), joined("entropy"))
+
+
+def _stats_of(logits: torch.Tensor, ctx, margin: bool, entropy: bool) -> StepStats:
+    """`step_stats`' softmax path on one table `[..., V]` (a whole step, or a chunk of positions)."""
     proposal, confidence, probs = propose(logits, ctx)
     stats = StepStats(proposal, confidence)
     if margin:
