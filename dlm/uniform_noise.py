@@ -170,7 +170,7 @@ class _LiveDecoder:
     def __init__(self, canvas_model: DiffusionGemmaCanvasModel, cache, decoder_attention_mask, positions, batch: int):
         self.cm, self.cache, self.mask2d, self.positions = canvas_model, cache, decoder_attention_mask, positions
         self.batch = batch
-        self._rows_key, self._cache, self._masks = None, None, None
+        self._rows_key, self._cache, self._masks, self._full_masks = None, None, None, None
         self.forward_tokens = 0
 
     def _prepared(self, rows: torch.Tensor, canvas: torch.Tensor, live: list[int] | None):
@@ -178,10 +178,24 @@ class _LiveDecoder:
         if self._rows_key != key or self._cache is None:
             every = live is None
             self._cache = self.cache if every else select_cache_rows(self.cache, rows)
-            mask2d = self.mask2d if every else self.mask2d[rows]
-            self._masks = self.cm.decoder_masks(mask2d, self._cache, canvas)
+            self._masks = self._masks_for(rows, canvas, every)
             self._rows_key = key
         return self._cache, self._masks
+
+    def _masks_for(self, rows: torch.Tensor, canvas: torch.Tensor, every: bool):
+        """The decoder's masks for `rows`: the whole batch's (built once per canvas by transformers'
+        helper, as transformers' generate uses them for every row) indexed by row, so a change of the
+        live set reads nothing from the device; transformers' helper itself for mask kinds that are
+        not batch-first tensors."""
+        if self._full_masks is None:
+            full_canvas = canvas if every else canvas.new_zeros((self.batch, canvas.shape[1]))
+            self._full_masks = self.cm.decoder_masks(self.mask2d, self.cache, full_canvas)
+        if every:
+            return self._full_masks
+        if all(m is None or (isinstance(m, torch.Tensor) and m.shape[0] == self.batch)
+               for m in self._full_masks.values()):
+            return {kind: None if m is None else m[rows] for kind, m in self._full_masks.items()}
+        return self.cm.decoder_masks(self.mask2d[rows], self._cache, canvas)
 
     def __call__(self, canvas: torch.Tensor, self_conditioning, rows: torch.Tensor, live: list[int] | None) -> torch.Tensor:
         cache, masks = self._prepared(rows, canvas, live)
