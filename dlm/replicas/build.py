@@ -45,7 +45,13 @@ HEADROOM_BYTES = 1 << 30
 
 
 class ReplicaTooLarge(ValueError):
-    """The replica's weights do not fit the free memory of the device; the message names `layers=`."""
+    """The replica's weights do not fit the free memory of the device; the message names `layers=`.
+
+    fit_layers: the deepest `layers=` whose weights would fit (0 when not even one layer does)."""
+
+    def __init__(self, message: str, fit_layers: int = 0):
+        super().__init__(message)
+        self.fit_layers = fit_layers
 
 
 @dataclass(frozen=True)
@@ -233,12 +239,12 @@ def check_fits(model: nn.Module, shape: dict, device: torch.device, dtype: torch
     layers = _decoder_layers(model)
     per_layer = parameter_bytes(layers, dtype) / max(len(layers), 1)
     rest = needed - parameter_bytes(layers, dtype)
-    fit = int((free - HEADROOM_BYTES - rest) // per_layer) if per_layer else 0
-    hint = (f"pass layers={min(fit, len(layers))} or fewer to cut its depth (about {per_layer / 1e9:.2f} GB a layer)"
-            if fit >= 1 else "it does not fit even with layers=1; use a larger device")
+    fit = max(0, min(int((free - HEADROOM_BYTES - rest) // per_layer) if per_layer else 0, len(layers) - 1))
+    hint = (f"pass layers={fit} or fewer to cut its depth (about {per_layer / 1e9:.2f} GB a layer)"
+            if fit >= 1 else "it does not fit even with layers=1; use a device with more free memory")
     dtype_name = str(dtype).replace("torch.", "")
     raise ReplicaTooLarge(f"{shape['name']} replica needs {needed / 1e9:.1f} GB of weights ({dtype_name}, "
-                          f"{len(layers)} layers) but {device} has {free / 1e9:.1f} GB free: {hint}")
+                          f"{len(layers)} layers) but {device} has {free / 1e9:.1f} GB free: {hint}", fit)
 
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -1,0 +1,231 @@
+"""Report section: the pure model forward of each real-size replica at its decoding shape, beside the
+weight-streaming floor.
+
+    from dlm.bench.gpu import ReportContext
+    from dlm.bench.gpu import replica_forward
+    result = replica_forward.run(ctx)          # plain JSON data
+    print(replica_forward.markdown(result))    # the table for report.md
+
+For each replica of `dlm.replicas` (built on the device one at a time, freed before the next) and each
+batch of `BATCHES` the memory allows, it times one forward of the decoding shape:
+- LLaDA-8B, Dream-7B: a 32-token block after a 256-token prompt, without a cache (`full`: all 288
+  positions, what `kv_cache="none"` runs every step) and with the prefix cache (`prefix`: the 32-token
+  window against the cached 288 positions, what `kv_cache="prefix"` runs between refreshes);
+- LLaDA2.0-mini: the same two, block-causal (`full` is what LLaDA2's own generate runs every step:
+  `x[:, :block_end]` under its block mask; `prefix` is exact for this model);
+- DiffusionGemma-26B-A4B: one decoder forward over a 256-token canvas with self-conditioning, against an
+  encoder cache of a 256-token prompt (`decoder`), through the engine's own decoder call.
+Beside each time: the bytes that forward must read (`dlm.replicas.forward_cost`: weights, experts expected
+under uniform routing, cached K/V) and the floor `bytes / copy bandwidth`, with the % of the floor reached
+(100% = at the floor); the all-experts upper bound for the MoE models; and the peak memory above the
+weights while the forward runs. The copy bandwidth is the machine section's `ctx.facts["copy_gbps"]`, or
+measured here (device-to-device copy, read + write bytes over time) when that section did not run.
+
+A replica too large for the free memory is built with the deepest `layers=` that fits, and the table states
+the depth; a batch that runs out of memory is recorded as such and the larger batches are skipped. In smoke
+mode (`ctx.smoke`: CPU, float32) every replica is built at `TINY_OVERRIDES` width and 2 layers, with shorter
+sequences, through the same code.
+"""
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from dlm.bench.gpu import ReportContext, peak_extra_bytes, time_call
+
+BATCHES = (1, 4, 16)
+PROMPT, BLOCK, CANVAS = 256, 32, 256
+SMOKE = {"batches": (1, 2), "prompt": 32, "block": 8, "layers": 2, "reps": 2, "warmup": 1}
+# A replica is not started with less than this left before the report's deadline.
+MIN_SECONDS_PER_REPLICA = 20.0
+
+
+def measure_copy_gbps(ctx: ReportContext, megabytes: int | None = None) -> float:
+    """Device-to-device copy bandwidth in GB/s (1e9 bytes), counting the bytes read and written:
+    `2 * size / time` of `dst.copy_(src)`, median of `time_call`'s runs."""
+    size = (megabytes or (16 if ctx.smoke else 1024)) << 20
+    src = torch.empty(size, dtype=torch.uint8, device=ctx.device)
+    dst = torch.empty_like(src)
+    timing = time_call(ctx, lambda: dst.copy_(src), reps=3 if ctx.smoke else 20, warmup=1 if ctx.smoke else 3)
+    del src, dst
+    return 2 * size / (timing["ms"] * 1e-3) / 1e9
+
+
+def _release(ctx: ReportContext) -> None:
+    """Return freed device memory before the next build or batch. The collection (to free a model held in
+    reference cycles) costs most of a second with transformers loaded, so it runs on the GPU only, where the
+    next replica needs the memory."""
+    if ctx.device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _build(ctx: ReportContext, name: str):
+    """The replica on the device; at real size, the deepest that fits when the whole does not."""
+    from dlm.replicas import TINY_OVERRIDES, ReplicaTooLarge, replica
+
+    if ctx.smoke:
+        return replica(name, layers=SMOKE["layers"], device=ctx.device, dtype=ctx.dtype,
+                       overrides=TINY_OVERRIDES[name]), None
+    try:
+        return replica(name, device=ctx.device, dtype=ctx.dtype), None
+    except ReplicaTooLarge as error:
+        if error.fit_layers is None or error.fit_layers < 1:
+            raise
+        return replica(name, layers=error.fit_layers, device=ctx.device, dtype=ctx.dtype), str(error)
+
+
+def _masked_calls(model, batch: int, prompt: int, block: int, device):
+    """{mode: (zero-argument forward, rows, query tokens, cached positions)} for a masked replica: the full
+    forward of prompt + block and the block's window against the prefix cache of those positions."""
+    vocab, mask_id = model.config.vocab_size, model.config.mask_token_id
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randint(0, min(vocab, mask_id), (batch, prompt + block), generator=gen).to(device)
+    x[:, prompt:] = mask_id
+    with torch.no_grad():
+        cache = model(x, use_cache=True).past_key_values
+    length = prompt + block
+
+    def full():
+        with torch.no_grad():
+            return model(x).logits
+
+    def window():
+        with torch.no_grad():
+            return model(x[:, prompt:], past_key_values=cache, cache_window=(prompt, length)).logits
+
+    return {"full": (full, batch, length, 0), "prefix": (window, batch, block, prompt)}
+
+
+def _dgemma_calls(model, batch: int, prompt: int, device):
+    """{"decoder": ...}: one decoder forward over a canvas with self-conditioning logits, against the
+    encoder cache of a `prompt`-token prompt, through the engine's own `DiffusionGemmaCanvasModel`."""
+    from transformers import DynamicCache
+
+    from dlm.uniform_noise import DiffusionGemmaCanvasModel
+
+    canvas_model = DiffusionGemmaCanvasModel(model)
+    C, V = canvas_model.canvas_length, canvas_model.vocab_size
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(3, V, (batch, prompt), generator=gen).to(device)
+    canvas = torch.randint(0, V, (batch, C), generator=gen).to(device)
+    mask = torch.ones((batch, prompt), dtype=torch.bool, device=device)
+    positions = torch.arange(prompt, dtype=torch.int32, device=device).unsqueeze(0)
+    dec_positions = torch.arange(prompt, prompt + C, dtype=torch.int32, device=device).unsqueeze(0)
+    with torch.no_grad():
+        cache = canvas_model.encode(ids, mask, DynamicCache(config=model.config.get_text_config(decoder=True)),
+                                    positions, is_prefill=True)
+        masks = canvas_model.decoder_masks(None, cache, canvas)
+        self_conditioning = torch.randn((batch, C, V), generator=gen).to(device, canvas_model.embed_dtype)
+
+    def decoder():
+        with torch.no_grad():
+            return canvas_model.decode(canvas, self_conditioning, masks, cache, dec_positions)
+
+    return {"decoder": (decoder, batch, C, prompt)}
+
+
+def _is_oom(error: BaseException) -> bool:
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def _measure(ctx: ReportContext, model, call, rows: int, query: int, cached: int, copy_gbps: float) -> dict:
+    from dlm.replicas import forward_cost
+
+    reps, warmup = (SMOKE["reps"], SMOKE["warmup"]) if ctx.smoke else (10, 2)
+    timing = time_call(ctx, call, reps=reps, warmup=warmup)
+    peak = peak_extra_bytes(ctx, call)
+    cost = forward_cost(model, rows=rows, query_tokens=query, cached_positions=cached)
+    floor = cost.floor_ms(copy_gbps)
+    return {"tokens": query, "cached": cached, **timing, "floor_ms": floor,
+            "pct_of_floor": 100.0 * floor / timing["ms"], "bytes": cost.bytes, "weight_bytes": cost.weight_bytes,
+            "weight_bytes_all_experts": cost.weight_bytes_all_experts, "kv_bytes": cost.kv_bytes,
+            "experts_per_layer": cost.experts_per_layer,
+            "floor_ms_all_experts": (cost.weight_bytes_all_experts + cost.kv_bytes) / (copy_gbps * 1e9) * 1e3,
+            "peak_extra_bytes": peak}
+
+
+def _replica_rows(ctx: ReportContext, name: str, model, copy_gbps: float) -> tuple[list[dict], list[str]]:
+    """Every (batch, mode) measurement of one replica, and notes on what was skipped and why."""
+    prompt, block = (SMOKE["prompt"], SMOKE["block"]) if ctx.smoke else (PROMPT, BLOCK)
+    rows, notes = [], []
+    for batch in SMOKE["batches"] if ctx.smoke else BATCHES:
+        if ctx.time_left() <= 0:
+            notes.append(f"batch {batch} and larger: skipped, the report's deadline passed")
+            break
+        try:
+            calls = (_dgemma_calls(model, batch, prompt, ctx.device) if not hasattr(model, "lm")
+                     else _masked_calls(model, batch, prompt, block, ctx.device))
+            for mode, (call, n_rows, query, cached) in calls.items():
+                rows.append({"batch": batch, "mode": mode,
+                             **_measure(ctx, model, call, n_rows, query, cached, copy_gbps)})
+            del calls
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
+            if not _is_oom(error):
+                raise
+            notes.append(f"batch {batch}: out of memory; larger batches skipped")
+            _release(ctx)
+            break
+        _release(ctx)
+    return rows, notes
+
+
+def run(ctx: ReportContext) -> dict:
+    """Measure every replica (see the module docstring). Returns
+    {"copy_gbps", "copy_source", "shape": {...}, "replicas": [{name, checkpoint, layers, full_layers, dtype,
+    parameters, parameter_bytes, build_seconds, overrides, experts_implementation, note, rows, skipped}]}."""
+    from dlm.replicas import REPLICA_NAMES
+
+    copy_gbps = ctx.facts.get("copy_gbps")
+    source = "machine section"
+    if not copy_gbps:
+        copy_gbps, source = measure_copy_gbps(ctx), "measured by this section (device copy, read + write bytes)"
+        ctx.facts["copy_gbps"] = copy_gbps
+    prompt, block = (SMOKE["prompt"], SMOKE["block"]) if ctx.smoke else (PROMPT, BLOCK)
+    out = {"copy_gbps": copy_gbps, "copy_source": source,
+           "shape": {"prompt": prompt, "block": block, "canvas": "the replica's canvas_length",
+                     "batches": list(SMOKE["batches"] if ctx.smoke else BATCHES)},
+           "replicas": []}
+    for name in REPLICA_NAMES:
+        if not ctx.smoke and ctx.time_left() < MIN_SECONDS_PER_REPLICA:
+            out["replicas"].append({"name": name, "skipped": ["not started: too little time before the deadline"]})
+            continue
+        ctx.log(f"replica_forward: building {name}")
+        started = time.perf_counter()
+        model, note = _build(ctx, name)
+        info = model.replica_info
+        ctx.log(f"replica_forward: {name} built in {time.perf_counter() - started:.1f} s "
+                f"({info.parameter_bytes / 1e9:.1f} GB, {info.layers}/{info.full_layers} layers)")
+        rows, skipped = _replica_rows(ctx, name, model, copy_gbps)
+        out["replicas"].append({
+            "name": name, "checkpoint": info.checkpoint, "layers": info.layers, "full_layers": info.full_layers,
+            "dtype": info.dtype, "parameters": info.parameters, "parameter_bytes": info.parameter_bytes,
+            "build_seconds": info.build_seconds, "overrides": info.overrides,
+            "experts_implementation": info.experts_implementation, "fallback_init": list(info.fallback_init),
+            "note": note, "rows": rows, "skipped": skipped})
+        del model
+        _release(ctx)
+    return out
+
+
+def markdown(result: dict) -> str:
+    """The section's table: one line per (replica, batch, mode)."""
+    lines = [f"Copy bandwidth {result['copy_gbps']:.0f} GB/s ({result['copy_source']}); prompt "
+             f"{result['shape']['prompt']}, block {result['shape']['block']}.", "",
+             "| replica | layers | batch | forward | ms (min-max) | floor ms | % of floor | floor ms, all experts "
+             "| GB read | peak extra GB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for rep in result["replicas"]:
+        for row in rep.get("rows", []):
+            mode = {"full": f"full {row['tokens']} tok", "prefix": f"{row['tokens']} tok + cache {row['cached']}",
+                    "decoder": f"canvas {row['tokens']}, prompt {row['cached']}"}[row["mode"]]
+            peak = row["peak_extra_bytes"]
+            lines.append(
+                f"| {rep['name']} | {rep['layers']}/{rep['full_layers']} | {row['batch']} | {mode} | "
+                f"{row['ms']:.2f} ({row['min_ms']:.2f}-{row['max_ms']:.2f}) | {row['floor_ms']:.2f} | "
+                f"{row['pct_of_floor']:.0f}% | {row['floor_ms_all_experts']:.2f} | {row['bytes'] / 1e9:.2f} | "
+                f"{'n/a' if peak is None else f'{peak / 1e9:.2f}'} |")
+        for note in ([rep["note"]] if rep.get("note") else []) + rep.get("skipped", []):
+            lines.append(f"| {rep['name']} | | | {note} | | | | | | |")
+    return "\n".join(lines)
