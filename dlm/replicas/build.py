@@ -249,8 +249,8 @@ def check_fits(model: nn.Module, shape: dict, device: torch.device, dtype: torch
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The stack `layers=` cuts: the causal LM's layers, or DiffusionGemma's decoder layers (the encoder's
-    are the same tied parameters)."""
-    inner = model.model
+    are the same tied parameters). Takes the transformers model or the masked wrapper around one."""
+    inner = getattr(model, "lm", model).model
     return inner.decoder.layers if hasattr(inner, "decoder") else inner.layers
 
 

@@ -320,3 +320,38 @@ def test_report_section_smoke():
             assert row["weight_bytes_all_experts"] >= row["weight_bytes"]
     table = replica_forward.markdown(result)
     assert table.count("\n| llada-8b | 2/32 |") == 4 and table.count("| diffusiongemma-26b-a4b | 2/30 |") == 2
+
+
+def test_report_section_builds_what_fits(monkeypatch):
+    """Too little device memory for a replica: the section builds the deepest `layers=` that fits and says so
+    beside its rows; one that does not fit at one layer is skipped with the reason."""
+    import dlm.replicas.build as build
+    from dlm.bench.gpu import ReportContext, replica_forward
+
+    sizes = {}
+    for name in REPLICA_NAMES:
+        model = dlm.replica(name, layers=2, device="meta", overrides=TINY_OVERRIDES[name])
+        layer = build.parameter_bytes(build._decoder_layers(model), torch.float32) / 2
+        sizes[name] = build.parameter_bytes(model, torch.float32) - 2 * layer, layer
+    building = []
+    monkeypatch.setattr(build, "load_shape", _recording(build.load_shape, building))
+
+    def free(device):  # llada-8b: room for 1.5 layers; dream-7b: not even one
+        rest, layer = sizes[building[-1]]
+        return int(build.HEADROOM_BYTES + rest + (1.5 * layer if building[-1] == "llada-8b" else 0.5 * layer))
+
+    monkeypatch.setattr(build, "_free_bytes", free)
+    ctx = ReportContext(device=torch.device("cpu"), dtype=torch.float32, smoke=True,
+                        deadline=time.monotonic() + 600, log=lambda line: None)
+    result = replica_forward.run(ctx, names=("llada-8b", "dream-7b"))
+    llada, dream = result["replicas"]
+    assert llada["layers"] == 1 and "pass layers=1 or fewer" in llada["note"] and len(llada["rows"]) == 4
+    assert "rows" not in dream and "does not fit even with layers=1" in dream["skipped"][0]
+    assert "| llada-8b | 1/32 | 1 |" in replica_forward.markdown(result)
+
+
+def _recording(load_shape, names):
+    def wrapped(name):
+        names.append(name)
+        return load_shape(name)
+    return wrapped
