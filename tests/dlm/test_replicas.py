@@ -355,3 +355,22 @@ def _recording(load_shape, names):
         names.append(name)
         return load_shape(name)
     return wrapped
+
+
+def test_report_section_records_out_of_memory_and_skips_larger_batches(monkeypatch):
+    from dlm.bench.gpu import ReportContext, replica_forward
+
+    measure = replica_forward._measure
+
+    def tight(ctx, model, call, rows, *args):
+        if rows >= 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+        return measure(ctx, model, call, rows, *args)
+
+    monkeypatch.setattr(replica_forward, "_measure", tight)
+    monkeypatch.setattr(replica_forward, "SMOKE", {**replica_forward.SMOKE, "batches": (1, 2, 4)})
+    ctx = ReportContext(device=torch.device("cpu"), dtype=torch.float32, smoke=True,
+                        deadline=time.monotonic() + 600, log=lambda line: None)
+    (rep,) = replica_forward.run(ctx, names=("dream-7b",))["replicas"]
+    assert [row["batch"] for row in rep["rows"]] == [1, 1]
+    assert rep["skipped"] == ["batch 2: out of memory; larger batches skipped"]

@@ -53,12 +53,13 @@ def measure_copy_gbps(ctx: ReportContext, megabytes: int | None = None) -> float
     return 2 * size / (timing["ms"] * 1e-3) / 1e9
 
 
-def _release(ctx: ReportContext) -> None:
-    """Return freed device memory before the next build or batch. The collection (to free a model held in
-    reference cycles) costs most of a second with transformers loaded, so it runs on the GPU only, where the
-    next replica needs the memory."""
+def _release(ctx: ReportContext, collect: bool = False) -> None:
+    """Return freed device memory before the next batch, and with `collect` (between replicas) also a model
+    held in reference cycles. The collection costs most of a second with transformers loaded, so it runs on
+    the GPU only, where the next replica needs the memory."""
     if ctx.device.type == "cuda":
-        gc.collect()
+        if collect:
+            gc.collect()
         torch.cuda.empty_cache()
 
 
@@ -159,6 +160,7 @@ def _replica_rows(ctx: ReportContext, name: str, model, copy_gbps: float) -> tup
         if ctx.time_left() <= 0:
             notes.append(f"batch {batch} and larger: skipped, the report's deadline passed")
             break
+        out_of_memory = False
         try:
             calls = (_dgemma_calls(model, batch, prompt, ctx.device) if not hasattr(model, "lm")
                      else _masked_calls(model, batch, prompt, block, ctx.device))
@@ -169,8 +171,10 @@ def _replica_rows(ctx: ReportContext, name: str, model, copy_gbps: float) -> tup
         except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
             if not _is_oom(error):
                 raise
+            out_of_memory = True  # released below, once the traceback no longer holds the batch's tensors
+        if out_of_memory:
             notes.append(f"batch {batch}: out of memory; larger batches skipped")
-            _release(ctx)
+            _release(ctx, collect=True)
             break
         _release(ctx)
     return rows, notes
@@ -215,7 +219,7 @@ def run(ctx: ReportContext, names=None) -> dict:
             "experts_implementation": info.experts_implementation, "fallback_init": list(info.fallback_init),
             "note": note, "rows": rows, "skipped": skipped})
         del model
-        _release(ctx)
+        _release(ctx, collect=True)
     return out
 
 
