@@ -17,6 +17,12 @@ or real), per part of the forward:
 - a forward against a KV cache also reads the cached keys and values (`kv_bytes`, reported apart): what
   attention reads of positions the forward does not recompute.
 Activations (a few MB at these shapes) are not counted.
+
+Many tokens per forward (a batch of full 288-token forwards) make it compute-bound instead, so the cost also
+counts matmul FLOPs (`flops`): 2 per weight a token multiplies (every 2-D weight of the layers, k of the E
+experts, the LM head, DiffusionGemma's self-conditioning product with the table), plus attention's
+4 * Lq * Lk * (heads * head_dim) per row and layer. The floor of a forward is then the larger of
+`bytes / bandwidth` and `flops / matmul rate` (the roofline).
 """
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ class ForwardCost:
     tokens route to experts). weight_bytes: weights read, experts at their expected count under uniform
     routing. weight_bytes_all_experts: every expert read (upper bound; equal for dense models).
     kv_bytes: cached K/V read (0 without a cache). experts_per_layer: expected distinct experts per MoE
-    layer (None for dense models).
+    layer (None for dense models). flops: matmul floating-point operations of the forward.
     """
 
     rows: int
@@ -47,6 +53,7 @@ class ForwardCost:
     weight_bytes_all_experts: int
     kv_bytes: int
     experts_per_layer: Optional[float]
+    flops: int = 0
 
     @property
     def bytes(self) -> int:
@@ -57,10 +64,14 @@ class ForwardCost:
         """Time to stream `bytes` at the device's measured copy bandwidth (GB/s, 1e9 bytes)."""
         return self.bytes / (copy_gbps * 1e9) * 1e3
 
+    def compute_floor_ms(self, matmul_tflops: float) -> float:
+        """Time to run `flops` at the device's measured matmul rate (TFLOP/s)."""
+        return self.flops / (matmul_tflops * 1e12) * 1e3
+
     def as_dict(self) -> dict:
         return {"rows": self.rows, "query_tokens": self.query_tokens, "weight_bytes": self.weight_bytes,
                 "weight_bytes_all_experts": self.weight_bytes_all_experts, "kv_bytes": self.kv_bytes,
-                "bytes": self.bytes, "experts_per_layer": self.experts_per_layer}
+                "bytes": self.bytes, "experts_per_layer": self.experts_per_layer, "flops": self.flops}
 
 
 def expected_distinct_experts(tokens: int, num_experts: int, top_k: int) -> float:
@@ -95,6 +106,20 @@ def _layer_bytes(layers: nn.Module, itemsize: int, tokens: int, top_k: int) -> t
         expected += bank_bytes * per_layer / bank.num_experts
         everything += bank_bytes
     return expected, int(everything), per_layer
+
+
+def _per_token_weights(layers: nn.Module, top_k: int) -> float:
+    """Weights one token multiplies in `layers`: every 2-D weight outside the expert banks (projections, dense
+    and shared MLPs, routers) and k/E of each bank."""
+    banks = [m for m in layers.modules() if _is_expert_bank(m)]
+    bank_params = {id(p) for m in banks for p in m.parameters()}
+    dense = sum(p.numel() for _, p in distinct_parameters(layers) if p.dim() == 2 and id(p) not in bank_params)
+    return dense + sum(sum(p.numel() for p in m.parameters()) * top_k / m.num_experts for m in banks)
+
+
+def _attention_flops(layers: nn.Module, rows: int, query: int, keys_of) -> int:
+    """4 * Lq * Lk * (heads * head_dim) per row and layer: the QK^T and PV products (`keys_of(attn)` = Lk)."""
+    return sum(4 * rows * query * keys_of(layer.self_attn) * layer.self_attn.q_proj.out_features for layer in layers)
 
 
 def _top_k(text_config) -> int:
@@ -136,6 +161,8 @@ def forward_cost(model: nn.Module, *, rows: int, query_tokens: int, cached_posit
         rest = _bytes(lm.model.norm.parameters(), itemsize) + _bytes([lm.lm_head.weight], itemsize)
         gathered = tokens * embed.shape[1] * itemsize
         kv = rows * cached_positions * _kv_bytes_per_position(lm.model.layers, itemsize)
+        flops = (2 * tokens * (_per_token_weights(lm.model.layers, _top_k(text)) + lm.lm_head.weight.numel())
+                 + _attention_flops(lm.model.layers, rows, query_tokens, lambda attn: query_tokens + cached_positions))
     else:  # DiffusionGemmaForBlockDiffusion: one decoder forward
         decoder = model.model.decoder
         text = model.config.text_config
@@ -150,9 +177,14 @@ def forward_cost(model: nn.Module, *, rows: int, query_tokens: int, cached_posit
             return min(cached_positions, window) if (attn.is_sliding and window) else cached_positions
 
         kv = rows * _kv_bytes_per_position(decoder.layers, itemsize, context_of)
+        per_token = (_per_token_weights(decoder.layers, _top_k(text))
+                     + sum(p.numel() for p in decoder.self_conditioning.parameters() if p.dim() == 2)
+                     + 2 * decoder.embed_tokens.weight.numel())  # self-conditioning product and LM head
+        flops = 2 * tokens * per_token + _attention_flops(decoder.layers, rows, query_tokens,
+                                                          lambda attn: context_of(attn) + query_tokens)
     return ForwardCost(rows=rows, query_tokens=query_tokens, weight_bytes=int(expected + rest + gathered),
                        weight_bytes_all_experts=int(everything + rest + gathered), kv_bytes=int(kv),
-                       experts_per_layer=per_layer)
+                       experts_per_layer=per_layer, flops=int(flops))
 
 
 def parameter_counts(model: nn.Module) -> dict:

@@ -137,6 +137,21 @@ def test_forward_cost_counts_every_weight_once(meta_models):
     assert moe.experts_per_layer == pytest.approx(8) and moe.weight_bytes < moe.weight_bytes_all_experts / 10
 
 
+def test_forward_flops_by_hand(meta_models):
+    """Matmul FLOPs against the arithmetic: LLaDA-8B, 2 rows of 288 tokens: 2 x tokens x (32 x (4 x 4096^2 +
+    3 x 4096 x 12288) + 126464 x 4096) + attention 4 x rows x 288 x 288 x 4096 x 32. LLaDA2, one token:
+    its layer-0 dense MLP, 19 MoE layers with 8 of 256 experts + the shared one + the router, the head."""
+    h, f, v, n, L = 4096, 12288, 126464, 32, 288
+    cost = forward_cost(meta_models["llada-8b"], rows=2, query_tokens=L, dtype=torch.bfloat16)
+    assert cost.flops == 2 * 2 * L * (n * (4 * h * h + 3 * h * f) + v * h) + 4 * 2 * L * L * h * n
+    assert cost.compute_floor_ms(700.0) == pytest.approx(cost.flops / 700e12 * 1e3)
+    h, heads, kv = 2048, 16 * 128, 4 * 128
+    attention = 2 * h * heads + 2 * h * kv
+    moe_layer = attention + 8 * 3 * h * 512 + 3 * h * 512 + 256 * h
+    expected = 2 * (attention + 3 * h * 5120 + 19 * moe_layer + 157184 * h) + 4 * 1 * 1 * 1 * heads * 20
+    assert forward_cost(meta_models["llada2-mini"], rows=1, query_tokens=1, dtype=torch.bfloat16).flops == expected
+
+
 @pytest.mark.parametrize("name", ["llada-8b", "dream-7b", "llada2-mini"])
 def test_cache_window_reproduces_the_full_forward(name):
     """A window call against a cache built on the same sequence gives the full forward's logits (float64:
@@ -308,14 +323,17 @@ def test_report_section_smoke():
                         deadline=time.monotonic() + 600, log=lambda line: None)
     result = replica_forward.run(ctx)
     assert result["copy_gbps"] > 0 and ctx.facts["copy_gbps"] == result["copy_gbps"]
+    assert result["matmul_tflops"] > 0 and ctx.facts["matmul_tflops"] == result["matmul_tflops"]
     assert [r["name"] for r in result["replicas"]] == list(REPLICA_NAMES)
     for rep in result["replicas"]:
         modes = ["decoder"] if rep["name"].startswith("diffusion") else ["full", "prefix"]
         assert [(row["batch"], row["mode"]) for row in rep["rows"]] == [(b, m) for b in (1, 2) for m in modes]
         assert rep["layers"] == 2 and rep["overrides"] == TINY_OVERRIDES[rep["name"]] and not rep["skipped"]
         for row in rep["rows"]:
-            assert row["ms"] > 0 and row["floor_ms"] > 0
+            assert row["ms"] > 0 and row["floor_ms"] > 0 and row["compute_floor_ms"] > 0
             assert row["pct_of_floor"] == pytest.approx(100 * row["floor_ms"] / row["ms"])
+            assert row["roofline_floor_ms"] == max(row["floor_ms"], row["compute_floor_ms"])
+            assert row["bound"] == ("memory" if row["floor_ms"] >= row["compute_floor_ms"] else "compute")
             assert row["bytes"] >= row["weight_bytes"] > 0
             assert row["weight_bytes_all_experts"] >= row["weight_bytes"]
     table = replica_forward.markdown(result)

@@ -9,7 +9,8 @@ weight-streaming floor.
 For each replica of `dlm.replicas` (built on the device one at a time, freed before the next) and each
 batch of `BATCHES` the memory allows, it times one forward of the decoding shape:
 - LLaDA-8B, Dream-7B: a 32-token block after a 256-token prompt, without a cache (`full`: all 288
-  positions, what `kv_cache="none"` runs every step) and with the prefix cache (`prefix`: the 32-token
+  positions, what `kv_cache="none"` runs every step when the block is the last one; with more blocks to
+  generate the uncached forward also covers their masks) and with the prefix cache (`prefix`: the 32-token
   window against the cached 288 positions, what `kv_cache="prefix"` runs between refreshes);
 - LLaDA2.0-mini: the same two, block-causal (`full` is what LLaDA2's own generate runs every step:
   `x[:, :block_end]` under its block mask; `prefix` is exact for this model);
@@ -17,9 +18,12 @@ batch of `BATCHES` the memory allows, it times one forward of the decoding shape
   encoder cache of a 256-token prompt (`decoder`), through the engine's own decoder call.
 Beside each time: the bytes that forward must read (`dlm.replicas.forward_cost`: weights, experts expected
 under uniform routing, cached K/V) and the floor `bytes / copy bandwidth`, with the % of the floor reached
-(100% = at the floor); the all-experts upper bound for the MoE models; and the peak memory above the
-weights while the forward runs. The copy bandwidth is the machine section's `ctx.facts["copy_gbps"]`, or
-measured here (device-to-device copy, read + write bytes over time) when that section did not run.
+(100% = at the floor); the all-experts upper bound for the MoE models; the compute floor `FLOPs / matmul
+rate` and the roofline floor (the larger one: batched full forwards are compute-bound, e.g. LLaDA-8B's
+288-token forward is 4.4 TFLOP, 6 ms at 700 TFLOP/s, above its 5 ms streaming floor); and the peak memory
+above the weights while the forward runs. The rates are the machine section's `ctx.facts["copy_gbps"]` and
+`ctx.facts["matmul_tflops"]`, or measured here when that section did not run (device-to-device copy, read +
+write bytes over time; a square matmul in the run's dtype).
 
 A replica too large for the free memory is built with the deepest `layers=` that fits, and the table states
 the depth; a batch that runs out of memory is recorded as such and the larger batches are skipped. In smoke
@@ -51,6 +55,16 @@ def measure_copy_gbps(ctx: ReportContext, megabytes: int | None = None) -> float
     timing = time_call(ctx, lambda: dst.copy_(src), reps=3 if ctx.smoke else 20, warmup=1 if ctx.smoke else 3)
     del src, dst
     return 2 * size / (timing["ms"] * 1e-3) / 1e9
+
+
+def measure_matmul_tflops(ctx: ReportContext, n: int | None = None) -> float:
+    """Dense matmul rate in TFLOP/s of `ctx.dtype` square products (`2 n^3 / time`, median of `time_call`)."""
+    n = n or (256 if ctx.smoke else 8192)
+    a = torch.randn((n, n), device=ctx.device, dtype=ctx.dtype)
+    b = torch.randn((n, n), device=ctx.device, dtype=ctx.dtype)
+    timing = time_call(ctx, lambda: a @ b, reps=3 if ctx.smoke else 20, warmup=1 if ctx.smoke else 3)
+    del a, b
+    return 2 * n ** 3 / (timing["ms"] * 1e-3) / 1e12
 
 
 def _release(ctx: ReportContext, collect: bool = False) -> None:
@@ -136,23 +150,29 @@ def _is_oom(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
-def _measure(ctx: ReportContext, model, call, rows: int, query: int, cached: int, copy_gbps: float) -> dict:
+def _measure(ctx: ReportContext, model, call, rows: int, query: int, cached: int, rates: dict) -> dict:
+    """One forward's time (median and range), peak memory above the weights, and its floors: weight
+    streaming (`floor_ms`, the issue's floor), compute (`compute_floor_ms`) and the larger of the two
+    (`roofline_floor_ms`), each with the % of it the measured time reaches."""
     from dlm.replicas import forward_cost
 
     reps, warmup = (SMOKE["reps"], SMOKE["warmup"]) if ctx.smoke else (10, 2)
     timing = time_call(ctx, call, reps=reps, warmup=warmup)
     peak = peak_extra_bytes(ctx, call)
     cost = forward_cost(model, rows=rows, query_tokens=query, cached_positions=cached)
-    floor = cost.floor_ms(copy_gbps)
-    return {"tokens": query, "cached": cached, **timing, "floor_ms": floor,
-            "pct_of_floor": 100.0 * floor / timing["ms"], "bytes": cost.bytes, "weight_bytes": cost.weight_bytes,
+    floor, compute = cost.floor_ms(rates["copy_gbps"]), cost.compute_floor_ms(rates["matmul_tflops"])
+    roofline = max(floor, compute)
+    return {"tokens": query, "cached": cached, **timing, "floor_ms": floor, "pct_of_floor": 100.0 * floor / timing["ms"],
+            "compute_floor_ms": compute, "roofline_floor_ms": roofline,
+            "pct_of_roofline": 100.0 * roofline / timing["ms"], "bound": "memory" if floor >= compute else "compute",
+            "bytes": cost.bytes, "weight_bytes": cost.weight_bytes,
             "weight_bytes_all_experts": cost.weight_bytes_all_experts, "kv_bytes": cost.kv_bytes,
-            "experts_per_layer": cost.experts_per_layer,
-            "floor_ms_all_experts": (cost.weight_bytes_all_experts + cost.kv_bytes) / (copy_gbps * 1e9) * 1e3,
+            "experts_per_layer": cost.experts_per_layer, "flops": cost.flops,
+            "floor_ms_all_experts": (cost.weight_bytes_all_experts + cost.kv_bytes) / (rates["copy_gbps"] * 1e9) * 1e3,
             "peak_extra_bytes": peak}
 
 
-def _replica_rows(ctx: ReportContext, name: str, model, copy_gbps: float) -> tuple[list[dict], list[str]]:
+def _replica_rows(ctx: ReportContext, name: str, model, rates: dict) -> tuple[list[dict], list[str]]:
     """Every (batch, mode) measurement of one replica, and notes on what was skipped and why."""
     prompt, block = (SMOKE["prompt"], SMOKE["block"]) if ctx.smoke else (PROMPT, BLOCK)
     rows, notes = [], []
@@ -166,7 +186,7 @@ def _replica_rows(ctx: ReportContext, name: str, model, copy_gbps: float) -> tup
                      else _masked_calls(model, batch, prompt, block, ctx.device))
             for mode, (call, n_rows, query, cached) in calls.items():
                 rows.append({"batch": batch, "mode": mode,
-                             **_measure(ctx, model, call, n_rows, query, cached, copy_gbps)})
+                             **_measure(ctx, model, call, n_rows, query, cached, rates)})
             del calls
         except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
             if not _is_oom(error):
@@ -182,18 +202,26 @@ def _replica_rows(ctx: ReportContext, name: str, model, copy_gbps: float) -> tup
 
 def run(ctx: ReportContext, names=None) -> dict:
     """Measure the replicas `names` (default: all of `dlm.replicas.REPLICA_NAMES`; see the module docstring).
-    Returns
-    {"copy_gbps", "copy_source", "shape": {...}, "replicas": [{name, checkpoint, layers, full_layers, dtype,
-    parameters, parameter_bytes, build_seconds, overrides, experts_implementation, note, rows, skipped}]}."""
+
+    Reads `ctx.facts["copy_gbps"]` and `ctx.facts["matmul_tflops"]` (the machine section's), measuring and
+    storing either when absent. Returns {"copy_gbps", "copy_source", "matmul_tflops", "matmul_source",
+    "shape": {...}, "replicas": [{name, checkpoint, layers, full_layers, dtype, parameters, parameter_bytes,
+    build_seconds, overrides, experts_implementation, fallback_init, note, rows, skipped}]}; each row:
+    batch, mode, tokens, cached, ms / min_ms / max_ms / reps, floor_ms and pct_of_floor (weight streaming),
+    compute_floor_ms, roofline_floor_ms, pct_of_roofline, bound, bytes, weight_bytes,
+    weight_bytes_all_experts, floor_ms_all_experts, kv_bytes, experts_per_layer, flops, peak_extra_bytes."""
     from dlm.replicas import REPLICA_NAMES, ReplicaTooLarge
 
-    copy_gbps = ctx.facts.get("copy_gbps")
-    source = "machine section"
-    if not copy_gbps:
-        copy_gbps, source = measure_copy_gbps(ctx), "measured by this section (device copy, read + write bytes)"
-        ctx.facts["copy_gbps"] = copy_gbps
+    rates, sources = {}, {}
+    for key, measure, how in (("copy_gbps", measure_copy_gbps, "device copy, read + write bytes"),
+                              ("matmul_tflops", measure_matmul_tflops, f"{ctx.dtype} square matmul")):
+        rates[key], sources[key] = ctx.facts.get(key), "machine section"
+        if not rates[key]:
+            rates[key], sources[key] = measure(ctx), f"measured by this section ({how})"
+            ctx.facts[key] = rates[key]
     prompt, block = (SMOKE["prompt"], SMOKE["block"]) if ctx.smoke else (PROMPT, BLOCK)
-    out = {"copy_gbps": copy_gbps, "copy_source": source,
+    out = {"copy_gbps": rates["copy_gbps"], "copy_source": sources["copy_gbps"],
+           "matmul_tflops": rates["matmul_tflops"], "matmul_source": sources["matmul_tflops"],
            "shape": {"prompt": prompt, "block": block, "canvas": "the replica's canvas_length",
                      "batches": list(SMOKE["batches"] if ctx.smoke else BATCHES)},
            "replicas": []}
@@ -211,7 +239,7 @@ def run(ctx: ReportContext, names=None) -> dict:
         info = model.replica_info
         ctx.log(f"replica_forward: {name} built in {time.perf_counter() - started:.1f} s "
                 f"({info.parameter_bytes / 1e9:.1f} GB, {info.layers}/{info.full_layers} layers)")
-        rows, skipped = _replica_rows(ctx, name, model, copy_gbps)
+        rows, skipped = _replica_rows(ctx, name, model, rates)
         out["replicas"].append({
             "name": name, "checkpoint": info.checkpoint, "layers": info.layers, "full_layers": info.full_layers,
             "dtype": info.dtype, "parameters": info.parameters, "parameter_bytes": info.parameter_bytes,
@@ -224,21 +252,28 @@ def run(ctx: ReportContext, names=None) -> dict:
 
 
 def markdown(result: dict) -> str:
-    """The section's table: one line per (replica, batch, mode)."""
-    lines = [f"Copy bandwidth {result['copy_gbps']:.0f} GB/s ({result['copy_source']}); prompt "
-             f"{result['shape']['prompt']}, block {result['shape']['block']}.", "",
-             "| replica | layers | batch | forward | ms (min-max) | floor ms | % of floor | floor ms, all experts "
-             "| GB read | peak extra GB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    """The section's table: one line per (replica, batch, forward)."""
+    lines = [f"Copy bandwidth {result['copy_gbps']:.0f} GB/s ({result['copy_source']}); matmul "
+             f"{result['matmul_tflops']:.1f} TFLOP/s ({result['matmul_source']}); prompt {result['shape']['prompt']}, "
+             f"block {result['shape']['block']}. Floors: weight streaming = bytes read / copy bandwidth (MoE: experts "
+             "expected under uniform routing; all experts in brackets); compute = FLOPs / matmul rate; "
+             "% = floor / measured time.", "",
+             "| replica | layers | batch | forward | ms (min-max) | streaming floor ms | % of it | compute floor ms "
+             "| bound | % of roofline | GB read | peak extra GB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for rep in result["replicas"]:
         for row in rep.get("rows", []):
             mode = {"full": f"full {row['tokens']} tok", "prefix": f"{row['tokens']} tok + cache {row['cached']}",
                     "decoder": f"canvas {row['tokens']}, prompt {row['cached']}"}[row["mode"]]
             peak = row["peak_extra_bytes"]
+            streaming = f"{row['floor_ms']:.2f}"
+            if row["experts_per_layer"] is not None:
+                streaming += f" ({row['floor_ms_all_experts']:.2f})"
             lines.append(
                 f"| {rep['name']} | {rep['layers']}/{rep['full_layers']} | {row['batch']} | {mode} | "
-                f"{row['ms']:.2f} ({row['min_ms']:.2f}-{row['max_ms']:.2f}) | {row['floor_ms']:.2f} | "
-                f"{row['pct_of_floor']:.0f}% | {row['floor_ms_all_experts']:.2f} | {row['bytes'] / 1e9:.2f} | "
-                f"{'n/a' if peak is None else f'{peak / 1e9:.2f}'} |")
+                f"{row['ms']:.2f} ({row['min_ms']:.2f}-{row['max_ms']:.2f}) | {streaming} | {row['pct_of_floor']:.0f}% | "
+                f"{row['compute_floor_ms']:.2f} | {row['bound']} | {row['pct_of_roofline']:.0f}% | "
+                f"{row['bytes'] / 1e9:.2f} | {'n/a' if peak is None else f'{peak / 1e9:.2f}'} |")
         for note in ([rep["note"]] if rep.get("note") else []) + rep.get("skipped", []):
-            lines.append(f"| {rep['name']} | | | {note} | | | | | | |")
+            lines.append(f"| {rep['name']} | | | {note} | | | | | | | | |")
     return "\n".join(lines)
