@@ -392,3 +392,32 @@ def test_report_section_records_out_of_memory_and_skips_larger_batches(monkeypat
     (rep,) = replica_forward.run(ctx, names=("dream-7b",))["replicas"]
     assert [row["batch"] for row in rep["rows"]] == [1, 1]
     assert rep["skipped"] == ["batch 2: out of memory; larger batches skipped"]
+
+
+def test_report_section_at_real_size_records_a_failing_replica_and_goes_on(monkeypatch):
+    """At real size (not smoke) one replica's failure becomes an error entry and the next replica still runs;
+    a replica is not started with too little time left."""
+    from dlm.bench.gpu import ReportContext, replica_forward
+
+    def build(ctx, name):
+        if name == "llada-8b":
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+        return tiny(name), None
+
+    monkeypatch.setattr(replica_forward, "_build", build)
+    monkeypatch.setattr(replica_forward, "BATCHES", (1,))
+    ctx = ReportContext(device=torch.device("cpu"), dtype=torch.float32, smoke=False,
+                        deadline=time.monotonic() + 600, log=lambda line: None,
+                        facts={"copy_gbps": 10.0, "matmul_tflops": 0.1})
+    monkeypatch.setattr(replica_forward, "PROMPT", 32)
+    monkeypatch.setattr(replica_forward, "BLOCK", 8)
+    result = replica_forward.run(ctx, names=("llada-8b", "dream-7b"))
+    failed, dream = result["replicas"]
+    assert failed["error"] == "RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED" and "Traceback" in failed["traceback"]
+    assert [(r["batch"], r["mode"]) for r in dream["rows"]] == [(1, "full"), (1, "prefix")]
+    assert result["copy_source"] == result["matmul_source"] == "machine section"
+    assert "error: RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED" in replica_forward.markdown(result)
+    late = ReportContext(device=torch.device("cpu"), dtype=torch.float32, smoke=False,
+                         deadline=time.monotonic() + 5, log=lambda line: None, facts=dict(ctx.facts))
+    (skipped,) = replica_forward.run(late, names=("dream-7b",))["replicas"]
+    assert skipped == {"name": "dream-7b", "skipped": ["not started: too little time before the deadline"]}

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import time
+import traceback
 
 import torch
 
@@ -206,11 +207,12 @@ def run(ctx: ReportContext, names=None) -> dict:
     Reads `ctx.facts["copy_gbps"]` and `ctx.facts["matmul_tflops"]` (the machine section's), measuring and
     storing either when absent. Returns {"copy_gbps", "copy_source", "matmul_tflops", "matmul_source",
     "shape": {...}, "replicas": [{name, checkpoint, layers, full_layers, dtype, parameters, parameter_bytes,
-    build_seconds, overrides, experts_implementation, fallback_init, note, rows, skipped}]}; each row:
+    build_seconds, overrides, experts_implementation, fallback_init, note, rows, skipped}] (or {name, error,
+    traceback} where a replica failed at real size: the run goes on to the next one)}; each row:
     batch, mode, tokens, cached, ms / min_ms / max_ms / reps, floor_ms and pct_of_floor (weight streaming),
     compute_floor_ms, roofline_floor_ms, pct_of_roofline, bound, bytes, weight_bytes,
     weight_bytes_all_experts, floor_ms_all_experts, kv_bytes, experts_per_layer, flops, peak_extra_bytes."""
-    from dlm.replicas import REPLICA_NAMES, ReplicaTooLarge
+    from dlm.replicas import REPLICA_NAMES
 
     rates, sources = {}, {}
     for key, measure, how in (("copy_gbps", measure_copy_gbps, "device copy, read + write bytes"),
@@ -229,26 +231,36 @@ def run(ctx: ReportContext, names=None) -> dict:
         if not ctx.smoke and ctx.time_left() < MIN_SECONDS_PER_REPLICA:
             out["replicas"].append({"name": name, "skipped": ["not started: too little time before the deadline"]})
             continue
-        ctx.log(f"replica_forward: building {name}")
-        started = time.perf_counter()
         try:
-            model, note = _build(ctx, name)
-        except ReplicaTooLarge as error:
-            out["replicas"].append({"name": name, "skipped": [str(error)]})
-            continue
-        info = model.replica_info
-        ctx.log(f"replica_forward: {name} built in {time.perf_counter() - started:.1f} s "
-                f"({info.parameter_bytes / 1e9:.1f} GB, {info.layers}/{info.full_layers} layers)")
-        rows, skipped = _replica_rows(ctx, name, model, rates)
-        out["replicas"].append({
-            "name": name, "checkpoint": info.checkpoint, "layers": info.layers, "full_layers": info.full_layers,
+            out["replicas"].append(_run_replica(ctx, name, rates))
+        except Exception as error:  # noqa: BLE001 - one GPU window: record, free, measure the next replica
+            if ctx.smoke:
+                raise  # on CPU a failure is a bug the tests must see
+            out["replicas"].append({"name": name, "error": f"{type(error).__name__}: {error}"[:500],
+                                    "traceback": traceback.format_exc()[-2000:]})
+        _release(ctx, collect=True)
+    return out
+
+
+def _run_replica(ctx: ReportContext, name: str, rates: dict) -> dict:
+    """Build one replica, measure it, free it; its entry of `run`'s "replicas"."""
+    from dlm.replicas import ReplicaTooLarge
+
+    ctx.log(f"replica_forward: building {name}")
+    started = time.perf_counter()
+    try:
+        model, note = _build(ctx, name)
+    except ReplicaTooLarge as error:
+        return {"name": name, "skipped": [str(error)]}
+    info = model.replica_info
+    ctx.log(f"replica_forward: {name} built in {time.perf_counter() - started:.1f} s "
+            f"({info.parameter_bytes / 1e9:.1f} GB, {info.layers}/{info.full_layers} layers)")
+    rows, skipped = _replica_rows(ctx, name, model, rates)
+    return {"name": name, "checkpoint": info.checkpoint, "layers": info.layers, "full_layers": info.full_layers,
             "dtype": info.dtype, "parameters": info.parameters, "parameter_bytes": info.parameter_bytes,
             "build_seconds": info.build_seconds, "overrides": info.overrides,
             "experts_implementation": info.experts_implementation, "fallback_init": list(info.fallback_init),
-            "note": note, "rows": rows, "skipped": skipped})
-        del model
-        _release(ctx, collect=True)
-    return out
+            "note": note, "rows": rows, "skipped": skipped}
 
 
 def markdown(result: dict) -> str:
@@ -274,6 +286,7 @@ def markdown(result: dict) -> str:
                 f"{row['ms']:.2f} ({row['min_ms']:.2f}-{row['max_ms']:.2f}) | {streaming} | {row['pct_of_floor']:.0f}% | "
                 f"{row['compute_floor_ms']:.2f} | {row['bound']} | {row['pct_of_roofline']:.0f}% | "
                 f"{row['bytes'] / 1e9:.2f} | {'n/a' if peak is None else f'{peak / 1e9:.2f}'} |")
-        for note in ([rep["note"]] if rep.get("note") else []) + rep.get("skipped", []):
+        for note in ([rep["note"]] if rep.get("note") else []) + rep.get("skipped", []) + (
+                [f"error: {rep['error']}"] if rep.get("error") else []):
             lines.append(f"| {rep['name']} | | | {note} | | | | | | | | |")
     return "\n".join(lines)
