@@ -94,7 +94,6 @@ def _bytes(params, itemsize: int) -> int:
 
 def _layer_bytes(layers: nn.Module, itemsize: int, tokens: int, top_k: int) -> tuple[float, int, Optional[float]]:
     """(bytes read with the expected experts, bytes with all experts, expected experts per MoE layer)."""
-    expected = everything = 0.0
     per_layer = None
     banks = [m for m in layers.modules() if _is_expert_bank(m)]
     bank_params = {id(p) for m in banks for p in m.parameters()}
@@ -139,7 +138,7 @@ def _kv_bytes_per_position(layers: nn.Module, itemsize: int, context_of=None) ->
 
 def forward_cost(model: nn.Module, *, rows: int, query_tokens: int, cached_positions: int = 0,
                  dtype: Optional[torch.dtype] = None) -> ForwardCost:
-    """Bytes read by one forward of a replica (`dlm.replica(...)`, on any device including meta).
+    """Bytes read and matmul FLOPs of one forward of a replica (`dlm.replica(...)`, on any device including meta).
 
     Masked replicas (`MaskedReplica`): a forward of `query_tokens` positions per row; `cached_positions`
     per row are read from a KV cache instead of recomputed (a prefix-cache window of 32 tokens after a
