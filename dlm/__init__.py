@@ -7,6 +7,8 @@
 
     pipe = dlm.DLMPipeline.from_pretrained("tiny-dlm")
     pipe("reverse: ana bo cyd", num_inference_steps=16).texts
+
+    model = dlm.replica("llada-8b")   # random weights, LLaDA-8B's exact shapes (dlm.replicas)
 """
 import importlib
 import sys
@@ -19,10 +21,11 @@ _LAZY = {
     "GenerateOutput": "dlm.generate", "StepTrace": "dlm.generate", "generate": "dlm.generate",
     "LoadedModel": "dlm.loading", "builtin_models": "dlm.loading", "load": "dlm.loading",
     "DLMPipeline": "dlm.pipeline", "DLMPipelineOutput": "dlm.pipeline",
+    "replica": "dlm.replicas",
 }
 
 __all__ = ["DLMAdapter", "DLMPipeline", "DLMPipelineOutput", "GenerateOutput", "LoadedModel",
-           "StepTrace", "builtin_models", "generate", "load"]
+           "StepTrace", "builtin_models", "generate", "load", "replica"]
 
 
 def __getattr__(name: str):
