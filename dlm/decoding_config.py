@@ -54,6 +54,7 @@ class DecodingConfig:
     progress: bool = False
     window_blocks: int = 1
     window_open_at: float = 0.1
+    compile: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -83,6 +84,8 @@ class DecodingConfig:
             raise ValueError(f"sampler_config must be a dict of sampler options, got {type(self.sampler_config).__name__}")
         if self.generator is not None and not isinstance(self.generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator, got {type(self.generator).__name__}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be True or False, got {self.compile!r}")
         self._validate_window()
         for name in ("mask_token_id", "eos_token_id"):
             value = getattr(self, name)

@@ -48,6 +48,7 @@ def generate(
     generation_config=None,
     window_blocks: int = 1,
     window_open_at: float = 0.1,
+    compile: bool = False,
 ) -> GenerateOutput:
     """Generate after each prompt with a diffusion LM: masked (LLaDA, Dream, LLaDA2, tiny-dlm) or
     uniform-noise (transformers' DiffusionGemma).
@@ -134,6 +135,10 @@ def generate(
             its own pass and one per lookahead call, each over the rows it ran, so summing `forwards`
             over a row's records counts the passes that row took part in.
         progress: show a progress bar over the budget on stderr.
+        compile: run the step's scoring (the sampler's `step`; DiffusionGemma's per-chunk statistics)
+            through `torch.compile` with static shapes, CUDA graphs on CUDA for greedy steps
+            (`dlm.compiled`); the same tokens as the eager step. The first call pays the compilation.
+            ValueError where torch.compile cannot run (no C++ compiler on CPU, unsupported device).
 
     Returns:
         `GenerateOutput` with `.sequences [B, P + gen_length]`, `.nfe`, `.branch_forwards`, `.tpf`,
@@ -145,7 +150,7 @@ def generate(
         kv_cache=kv_cache, cache_refresh_every=cache_refresh_every, cfg_scale=cfg_scale,
         cache_across_blocks=cache_across_blocks, cut_trailing_masks=cut_trailing_masks, eos_early_stop=eos_early_stop,
         shift_logits=shift_logits, generation_config=generation_config, progress=progress,
-        window_blocks=window_blocks, window_open_at=window_open_at)
+        window_blocks=window_blocks, window_open_at=window_open_at, compile=compile)
     policy = None if sampler is None else get_sampler(sampler, **(sampler_config or {}))
     if policy is not None and policy.ensemble:
         from dlm.ensemble import run_hex

@@ -449,6 +449,12 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
 
     mask_id = adapter.mask_token_id
     device = input_ids.device
+    if config.compile:
+        from dlm.compiled import compiled_sampler_step
+
+        sampler_step = compiled_sampler_step(policy, device, temperature)
+    else:
+        sampler_step = policy.step
     x = torch.cat([input_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long, device=device)], dim=1)
     full_mask, positions = _full_attention(attention_mask, gen_length)
     model_positions = getattr(adapter.model, "dlm_position_ids", None)
@@ -548,7 +554,7 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
                 generator=generator, mask_token_id=mask_id, block_start=start, state=state, rows=rows,
                 forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left,
                 hidden=forward.hidden)
-            result = policy.step(logits, ctx)
+            result = sampler_step(logits, ctx)
             new_block = _enforce_contract(result, block_x, candidates, masks_left, policy.remasks, last, mask_id,
                                           fillable=None if window is None else candidates)
             branches = forwards

@@ -229,6 +229,7 @@ class EntropyBoundRule:
         self.embed_dtype, self.generator, self.full_stream = embed_dtype, generator, full_stream
         self.stop = (StableConfidentStop(config.stability_threshold, config.confidence_threshold)
                      if config.confidence_threshold is not None else None)
+        self.chunk_stats = None  # compiled (race, entropy_argmax) pair with compile=True (`dlm.compiled`)
 
     def start(self, batch: int, device: torch.device, finished_sequences: torch.Tensor,
               finished_rows: list[bool]) -> list[int] | None:
@@ -274,7 +275,7 @@ class EntropyBoundRule:
         every = R == self.batch
         flat = processed.view(R * C, V)
         segments = stream_segments(self.batch, None if every else live) if self.full_stream else [(R, 0)]
-        sampled, entropy, new_argmax = race_entropy_argmax(flat, C, segments, self.generator)
+        sampled, entropy, new_argmax = race_entropy_argmax(flat, C, segments, self.generator, self.chunk_stats)
         sampled, entropy, new_argmax = sampled.view(R, C), entropy.view(R, C), new_argmax.view(R, C)
         accepted = entropy_bound_accept(entropy, self.config.entropy_bound)
         noise_rows = self.batch if self.full_stream else R
@@ -324,6 +325,7 @@ class AcceptRule:
         self.t_min, self.t_max, self.state, self.enforce = t_min, t_max, state, enforce
         self.steps = steps  # this canvas's budget
         self.block_start = 0  # absolute position of the canvas, set by the loop
+        self.sampler_step = policy.step  # `dlm.compiled.compiled_sampler_step` with compile=True
 
     def start(self, batch: int, device: torch.device, finished_sequences: torch.Tensor,
               finished_rows: list[bool]) -> list[int] | None:
@@ -392,7 +394,7 @@ class AcceptRule:
             generator=self.generator, mask_token_id=UNACCEPTED, block_start=self.block_start + lo, state=self.state,
             rows=rows, forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left)
         block_logits = logits[:, lo:hi]
-        result = self.policy.step(block_logits, ctx)
+        result = self.sampler_step(block_logits, ctx)
         new_block = self.enforce(result, block_x, candidates, masks_left, self.policy.remasks, last, UNACCEPTED)
         extra = 0 if lookahead is None else lookahead.calls
         if extra and self.sub_used + 1 + extra >= self.sub_budget:
@@ -696,6 +698,22 @@ def run_uniform(model, input_ids: torch.Tensor, config, *, attention_mask=None, 
             def make_rule(index, budget):
                 return AcceptRule(policy, budget, C, block, V, cm.embed_dtype, config.temperature, config.generator,
                                   gc.t_min, gc.t_max, state, _enforce_contract)
+
+    if config.compile:
+        from dlm.compiled import compiled, compiled_sampler_step
+        from samplers.unmasking.entropy_bound import chunk_entropy_argmax, chunk_race
+
+        base_rule = make_rule
+        stats = (compiled(chunk_race, input_ids.device, draws=False),
+                 compiled(chunk_entropy_argmax, input_ids.device, draws=False))
+
+        def make_rule(index, budget):
+            rule = base_rule(index, budget)
+            if isinstance(rule, AcceptRule):
+                rule.sampler_step = compiled_sampler_step(rule.policy, input_ids.device, config.temperature)
+            else:
+                rule.chunk_stats = stats
+            return rule
 
     def check(bad: int, canvas, step):
         if bad:

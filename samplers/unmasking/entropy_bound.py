@@ -131,8 +131,21 @@ def stream_invariant(device: torch.device) -> bool:
     return torch.device(device).type == "cpu"
 
 
+def chunk_race(chunk: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The exponential race's draw for one chunk of positions: `chunk [k, V]` tempered logits,
+    `q [k, V]` float32 exponentials (overwritten). Returns `[k]` long."""
+    probs = torch.softmax(chunk, dim=-1, dtype=torch.float32)
+    return torch.argmax(torch.div(probs, q, out=q), dim=-1)
+
+
+def chunk_entropy_argmax(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entropy (`categorical_entropy`) and argmax of one chunk of positions `[k, V]`: two `[k]`."""
+    return categorical_entropy(chunk), chunk.argmax(dim=-1)
+
+
 def race_entropy_argmax(scaled: torch.Tensor, canvas_length: int, segments: list[tuple[int, int | None]],
-                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        generator: torch.Generator | None = None,
+                        statistics: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per position of `scaled [N, V]` (float32 tempered logits, N = live rows x canvas_length): a
     token drawn from softmax (the exponential race of `exponential_race`), the entropy
     (`categorical_entropy`) and the argmax, without a vocabulary-sized table per position.
@@ -144,7 +157,9 @@ def race_entropy_argmax(scaled: torch.Tensor, canvas_length: int, segments: list
     discarded (rows that stopped denoising: transformers keeps drawing for them). Work runs in chunks
     of positions bounded by `rows_per_chunk`; on a device whose stream is not chunk-invariant
     (`stream_invariant`) the exponentials are drawn in one call. Returns `[N]` long, `[N]` float32,
-    `[N]` long: the same values as the unchunked computation."""
+    `[N]` long: the same values as the unchunked computation. `statistics` replaces the pair
+    `(chunk_race, chunk_entropy_argmax)` (by their compiled versions, `dlm.compiled`)."""
+    race, entropy_argmax = (chunk_race, chunk_entropy_argmax) if statistics is None else statistics
     N, V = scaled.shape
     device = scaled.device
     sampled = torch.empty(N, dtype=torch.long, device=device)
@@ -167,12 +182,9 @@ def race_entropy_argmax(scaled: torch.Tensor, canvas_length: int, segments: list
             if first is None:
                 continue
             at = slice(first * canvas_length + offset, first * canvas_length + offset + size)
-            chunk = scaled[at]
-            probs = torch.softmax(chunk, dim=-1, dtype=torch.float32)
-            sampled[at] = torch.argmax(torch.div(probs, q, out=q), dim=-1)
-            del probs, q  # before the entropy's two temporaries: at most two chunk tables at a time
-            entropy[at] = categorical_entropy(chunk)
-            argmax[at] = chunk.argmax(dim=-1)
+            sampled[at] = race(scaled[at], q)
+            del q  # before the entropy's two temporaries: at most two chunk tables at a time
+            entropy[at], argmax[at] = entropy_argmax(scaled[at])
         stream_row += rows
     return sampled, entropy, argmax
 
