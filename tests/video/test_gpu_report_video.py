@@ -13,7 +13,7 @@ from dlm.bench.gpu import video as section
 
 RUN_FIELDS = {"peak_mib", "blocks_peak_mib", "ms", "min_ms", "max_ms", "reps", "block_ms", "block_min_ms",
               "block_max_ms", "max_abs_diff", "rel_diff", "identical", "repeat_identical"}
-STREAMLINED = ("streamline(slices=4, head_slices=1)", "streamline(slices=4, head_slices=2)")
+STREAMLINED = ("streamline(slices=4, head_slices=2)", "streamline(slices=4, head_slices=1)")
 
 
 @pytest.fixture(autouse=True)
@@ -162,3 +162,19 @@ def test_section_model_runs_off_cpu():
         finally:
             video.unstreamline(m)
     assert got.device == dev and got.dtype == ref.dtype == torch.bfloat16 and got.shape == ref.shape
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the capture-failure path of a CPU-only torch")
+def test_launch_diagnostics_record_a_failed_capture():
+    """The CUDA-only host-dispatch diagnostics: a graph capture that cannot run is reported, not raised,
+    and the report's host table shows it."""
+    ctx = ReportContext(device=torch.device("cpu"), dtype=torch.float32, smoke=True, deadline=time.monotonic() + 60)
+    calls = []
+    diag = section._launch_diagnostics(ctx, lambda: calls.append(1), layers=2, reps=3)
+    assert len(calls) == 3 and diag["block_enqueue_ms"] >= 0 and "block_graphed_ms" not in diag
+    assert diag["block_graphed_error"]
+    res, _ = _smoke()
+    res["runs"]["unsliced"].update(diag)
+    md = section.to_markdown(res)
+    assert f"| unsliced | {res['runs']['unsliced']['block_ms']:.2f} | {diag['block_enqueue_ms']:.2f} | " \
+           f"{diag['block_graphed_error']} | - |" in md

@@ -191,3 +191,14 @@ def test_wan_output_head_runs_per_token_span():
     _close(got, ref)
     assert rows_seen == [13, 13, 13, 13, 12]  # 64 tokens in 5 spans
     assert "forward" not in m.__dict__
+
+
+def test_token_spans_match_tensor_split_without_tensors():
+    """Spans are torch's tensor_split of range(n), computed without making a tensor (so none lands on an
+    accelerator under a device context and costs a host sync per span)."""
+    from video.dit_attention import token_spans
+
+    for n, c in ((64, 5), (14040, 16), (7, 7), (1, 1), (100, 3)):
+        want = [(int(i[0]), int(i[-1]) + 1) for i in torch.arange(n).tensor_split(c)]
+        with torch.device("meta"):  # a tensor made here could not be read back as an int
+            assert token_spans(n, c) == want

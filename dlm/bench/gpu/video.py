@@ -56,12 +56,15 @@ SMOKE_WAN = dict(WAN21_T2V_1_3B, num_attention_heads=2, attention_head_dim=16, i
 
 GPU_LAYERS = 4
 SMOKE_LAYERS = 2
-# The settings a user would pick at 14,040 tokens (see docs/gpu.md): slices=16 makes every span
-# (878 tokens) transient (its FFN hidden state, ~31 MB in bf16) small next to the four full-size
-# [tokens, 1536] buffers a sliced block must hold (input, attention output, K, V: 43 MB each), while
-# keeping spans long enough for full-efficiency GEMMs; head_slices=2 halves the K/V buffers for one
-# recomputation of the (whole-width, Wan's qk-norm spans all heads) q/k projections.
-STREAMLINE_SETTINGS = ((16, 1), (16, 2))
+# The settings a user would pick at 14,040 tokens, the first judged against the targets. slices=16:
+# every span (878 tokens) holds its FFN hidden state (~31 MB in bf16) and float32 norm temporaries,
+# small next to the full-size [tokens, 1536] buffers a sliced block must keep (input, attention output,
+# K, V: 43 MB each), with spans still long enough for efficient GEMMs. head_slices=2 halves K/V, so the
+# block holds 3 instead of 4 hidden-state sizes, for one more whole q/k projection per block (Wan's
+# qk-norm spans all heads): about +6% of a block's multiply-adds (q, k: 2 x 1536^2 per token of ~85M).
+# Chosen after the scaled CPU run (1,950 tokens, bf16, docs/gpu.md): whole-forward peak 3.39x lower
+# with (16, 2), 2.77x with (16, 1); both are measured, and the sweep shows the neighbours.
+STREAMLINE_SETTINGS = ((16, 2), (16, 1))
 STREAMLINE_SWEEP = ((4, 1), (8, 1), (32, 1), (8, 2), (32, 2))
 GPU_BACKENDS = ("_native_flash", "_native_efficient", "_native_cudnn", "_native_math")
 CPU_BACKENDS = ("_native_math",)  # CPU's default (native) already runs the flash kernel
@@ -190,7 +193,51 @@ def _measure(ctx: ReportContext, model, inputs, block_args, ref, reps: int, warm
     res.update(block_ms=t["ms"] / layers, block_min_ms=t["min_ms"] / layers, block_max_ms=t["max_ms"] / layers)
     res.update(_diff(out, out if ref is None else ref))
     res["repeat_identical"] = bool(torch.equal(forward(), out))  # run-to-run determinism of this setup
+    if ctx.device.type == "cuda":
+        res.update(_launch_diagnostics(ctx, block_stack, layers, reps))
     return res, out
+
+
+def _enqueue_ms(ctx: ReportContext, fn, reps: int) -> float:
+    """Median host time for ``fn()`` to return after a synchronisation, before its kernels finish: when
+    it is close to the synchronised time, the host's op dispatch, not the GPU, sets the pace."""
+    times = []
+    for _ in range(reps):
+        ctx.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    ctx.synchronize()
+    return sorted(times)[len(times) // 2]
+
+
+def _graphed_ms(ctx: ReportContext, fn, reps: int) -> float:
+    """Median time of ``fn`` replayed from a CUDA graph (no per-op host dispatch): the GPU's own time."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture requires
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return time_call(ctx, graph.replay, reps=reps)["ms"]
+    finally:
+        del graph
+        torch.cuda.empty_cache()
+
+
+def _launch_diagnostics(ctx: ReportContext, block_stack, layers: int, reps: int) -> dict:
+    """CUDA only: per-block host enqueue time and CUDA-graph replay time of the block stack. A sliced
+    block issues ~10-15x more ops than diffusers' (measured on CPU: 1,262 leaf ops per block at
+    slices=16 vs 106), so eager time can be host-bound where the graph's is not."""
+    res = {"block_enqueue_ms": _enqueue_ms(ctx, block_stack, reps) / layers}
+    try:
+        res["block_graphed_ms"] = _graphed_ms(ctx, block_stack, reps) / layers
+    except Exception as e:  # a capture failure is data
+        res["block_graphed_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return res
 
 
 def _ratios(run: dict, base: dict) -> None:
@@ -201,6 +248,8 @@ def _ratios(run: dict, base: dict) -> None:
     run["blocks_mem_ratio"] = ratio(base["blocks_peak_mib"], run["blocks_peak_mib"])
     run["time_ratio"] = ratio(run["ms"], base["ms"])  # > 1: slower
     run["block_time_ratio"] = ratio(run["block_ms"], base["block_ms"])
+    if "block_graphed_ms" in run and "block_graphed_ms" in base:
+        run["block_graphed_time_ratio"] = ratio(run["block_graphed_ms"], base["block_graphed_ms"])
 
 
 def _verdicts(run: dict) -> dict:
@@ -234,8 +283,10 @@ def measure_wan(ctx: ReportContext, config: dict, layers: int, shape: VideoShape
     model = build_wan(config, layers, dev, dtype)
     inputs = wan_inputs(config, shape, dev, dtype)
     result = {
-        "model": "WanTransformer3DModel (diffusers), random weights, Wan2.1-T2V-1.3B shape" if not ctx.smoke
-                 else "WanTransformer3DModel (diffusers), random weights, tiny smoke shape",
+        "model": "WanTransformer3DModel (diffusers), random weights, " + (
+            "Wan2.1-T2V-1.3B shape" if config == WAN21_T2V_1_3B else
+            f"reduced shape ({config['num_attention_heads']} heads x {config['attention_head_dim']}, "
+            f"FFN {config['ffn_dim']})"),
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()},
         "layers": layers, "layers_published": config["num_layers"],
         "video": {"frames": shape.frames, "height": shape.height, "width": shape.width},
@@ -324,9 +375,14 @@ def _log_run(ctx: ReportContext, name: str, r: dict) -> None:
     mem = "?" if r["peak_mib"] is None else f"{r['peak_mib']:.0f} MiB"
     rel = "" if name == "unsliced" else (f" ({x(r['mem_ratio'])} lower, blocks {x(r['blocks_mem_ratio'])}; "
                                          f"{x(r['block_time_ratio'])} time per block)")
+    host = ""
+    if "block_enqueue_ms" in r:
+        graphed = (f"graphed {r['block_graphed_ms']:.2f} ms/block" if "block_graphed_ms" in r
+                   else f"graph capture failed: {r.get('block_graphed_error')}")
+        host = f"; host enqueue {r['block_enqueue_ms']:.2f} ms/block, {graphed}"
     ctx.log(f"video: {name}: peak {mem}, {r['block_ms']:.2f} ms/block [{r['block_min_ms']:.2f}-"
             f"{r['block_max_ms']:.2f}], forward {r['ms']:.1f} ms{rel}, max|diff| {r['max_abs_diff']:.3g}"
-            f"{' identical' if r['identical'] else ''}")
+            f"{' identical' if r['identical'] else ''}{host}")
 
 
 def run(ctx: ReportContext) -> dict:
@@ -337,7 +393,7 @@ def run(ctx: ReportContext) -> dict:
         ctx.log(f"video: skipped: {e}")
         return {"skipped": str(e)}
     if ctx.smoke:
-        return measure_wan(ctx, SMOKE_WAN, SMOKE_LAYERS, SMOKE_SHAPE, settings=((4, 1), (4, 2)), sweep=(),
+        return measure_wan(ctx, SMOKE_WAN, SMOKE_LAYERS, SMOKE_SHAPE, settings=((4, 2), (4, 1)), sweep=(),
                            backends=CPU_BACKENDS, reps=2, warmup=1)
     backends = GPU_BACKENDS if ctx.device.type == "cuda" else CPU_BACKENDS
     return measure_wan(ctx, WAN21_T2V_1_3B, GPU_LAYERS, REAL_SHAPE, STREAMLINE_SETTINGS, STREAMLINE_SWEEP,
@@ -367,6 +423,15 @@ def to_markdown(result: dict) -> str:
                      f"{r['block_ms']:.2f} [{r['block_min_ms']:.2f}-{r['block_max_ms']:.2f}] | "
                      f"{f(r.get('block_time_ratio'), '.2f')} | {r['ms']:.1f} | {r['max_abs_diff']:.3g} | "
                      f"{'yes' if r['identical'] else 'no'} |")
+    host = [(n, r) for n, r in result["runs"].items() if "block_enqueue_ms" in r]
+    if host:
+        lines += ["", "Host dispatch (block stack, per block): eager ms, host enqueue ms (close to eager: "
+                  "host-bound), CUDA-graph replay ms, graphed x time vs unsliced graphed", "",
+                  "| configuration | eager ms | enqueue ms | graphed ms | graphed x time |", "|---|---|---|---|---|"]
+        for name, r in host:
+            graphed = f(r["block_graphed_ms"], ".2f") if "block_graphed_ms" in r else r.get("block_graphed_error")
+            lines.append(f"| {name} | {r['block_ms']:.2f} | {r['block_enqueue_ms']:.2f} | {graphed} | "
+                         f"{f(r.get('block_graphed_time_ratio'), '.2f')} |")
     if "fp32_reference" in result:
         fr = result["fp32_reference"]
         lines += ["", "float32 reference (same weights): " + ", ".join(f"{k} {v:.3g}" for k, v in fr.items())]
@@ -374,7 +439,8 @@ def to_markdown(result: dict) -> str:
         lines += ["", f"Targets ({result['primary']}):"]
         for k, v in result["targets"].items():
             val = "-" if v["value"] is None else f"{v['value']:.3g}"
-            lines.append(f"- {k}: {v['target']}: {val}: {'met' if v['met'] else 'NOT met'}")
+            verdict = "not measured" if v["met"] is None else "met" if v["met"] else "NOT met"
+            lines.append(f"- {k}: {v['target']}: {val}: {verdict}")
     if result.get("skipped"):
         lines += ["", "Skipped: " + "; ".join(result["skipped"])]
     return "\n".join(lines) + "\n"
@@ -384,7 +450,7 @@ def main(argv=None) -> None:
     """Run the section at a chosen shape outside the report (e.g. a scaled shape on CPU):
 
         MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 python -m dlm.bench.gpu.video --layers 1 \\
-            --frames 33 --height 240 --width 416 --dtype bfloat16 --settings 16x1,16x2
+            --frames 33 --height 240 --width 416 --dtype bfloat16 --settings 16x2,16x1
     """
     import argparse
     import json
