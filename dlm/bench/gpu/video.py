@@ -215,8 +215,9 @@ def _graphed_ms(ctx: ReportContext, fn, reps: int) -> float:
     """Median time of ``fn`` replayed from a CUDA graph (no per-op host dispatch): the GPU's own time."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture requires
-        fn()
+    with torch.cuda.stream(side):  # warm-up on a side stream (per-stream library workspaces), as capture requires
+        for _ in range(2):
+            fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
