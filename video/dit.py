@@ -324,6 +324,64 @@ def token_span_forward(module, chunks: int):
     return forward
 
 
+def wan_model_forward(model, chunks: int):
+    """``WanTransformer3DModel.forward`` (bound to ``model``) with its output head run per token span.
+
+    diffusers' Wan forward computes the head inline on the whole clip: ``norm_out(x.float())``, then the
+    adaLN scale and shift, each a full-size float32 temporary (two hidden widths per token each in bf16,
+    more than a sliced block holds) before ``proj_out`` narrows it to ``out_channels * prod(patch)``.
+    Here everything before the head is diffusers' sequence (rotary tables, patch embedding, condition
+    embedder, the blocks as streamline patched them) and the head runs span by span into one
+    ``[B, N, out]`` buffer, then is unpatchified as diffusers does. The head is per token, so each row
+    equals diffusers'.
+    """
+    from diffusers.models.modeling_outputs import Transformer2DModelOutput
+    from diffusers.utils import apply_lora_scale
+
+    def head(self, x, temb):
+        """norm_out -> adaLN -> proj_out of ``x [B, N, D]`` per span; ``temb [B, D]`` or ``[B, N, D]`` (TI2V)."""
+        if temb.ndim == 3:
+            shift, scale = (self.scale_shift_table.unsqueeze(0).to(temb.device) + temb.unsqueeze(2)).chunk(2, dim=2)
+            shift, scale = shift.squeeze(2), scale.squeeze(2)
+        else:
+            shift, scale = (self.scale_shift_table.to(temb.device) + temb.unsqueeze(1)).chunk(2, dim=1)
+        shift, scale = shift.to(x.device), scale.to(x.device)
+        n, out = x.shape[1], None
+        for a, b in token_spans(n, chunks):
+            y = (self.norm_out(x[:, a:b].float()) * (1 + rows(scale, a, b, n)) + rows(shift, a, b, n)).type_as(x)
+            y = self.proj_out(y)
+            if out is None:
+                out = y.new_empty((y.shape[0], n, y.shape[2]))
+            out[:, a:b] = y
+        return out
+
+    @apply_lora_scale("attention_kwargs")
+    def forward(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
+                return_dict=True, attention_kwargs=None):
+        batch, _, frames, height, width = hidden_states.shape
+        p_t, p_h, p_w = self.config.patch_size
+        rotary_emb = self.rope(hidden_states)
+        x = self.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()
+        ts_seq_len = None
+        if timestep.ndim == 2:  # a timestep per token (Wan 2.2 TI2V)
+            ts_seq_len = timestep.shape[1]
+            timestep = timestep.flatten()
+        temb, timestep_proj, ctx, ctx_img = self.condition_embedder(
+            timestep, encoder_hidden_states, encoder_hidden_states_image, timestep_seq_len=ts_seq_len)
+        timestep_proj = timestep_proj.unflatten(1 if ts_seq_len is None else 2, (6, -1))
+        if ctx_img is not None:
+            ctx = torch.concat([ctx_img, ctx], dim=1)
+        checkpoint = torch.is_grad_enabled() and self.gradient_checkpointing
+        for block in self.blocks:
+            x = (self._gradient_checkpointing_func(block, x, ctx, timestep_proj, rotary_emb) if checkpoint
+                 else block(x, ctx, timestep_proj, rotary_emb))
+        y = head(self, x, temb).reshape(batch, frames // p_t, height // p_h, width // p_w, p_t, p_h, p_w, -1)
+        out = y.permute(0, 7, 1, 4, 2, 5, 3, 6).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+        return Transformer2DModelOutput(sample=out) if return_dict else (out,)
+
+    return forward.__get__(model)
+
+
 # ------------------------------------------------------------------------------------------- targets
 def _check_processor(model_name, attn, allowed):
     """The attention must run diffusers' default processor with separate projections: that is the
@@ -341,8 +399,8 @@ def _check_processor(model_name, attn, allowed):
 
 def dit_targets(model):
     """(module, forward factory) pairs of a supported DiT: its transformer blocks, then the per-token
-    norms of its output head; ValueError for a block or attention
-    processor we cannot slice exactly (names the class and what is supported)."""
+    norms of its output head (Wan: the model's own forward, whose head is inline); ValueError for a
+    block or attention processor we cannot slice exactly (names the class and what is supported)."""
     name = type(model).__name__
     if name == "WanTransformer3DModel":
         pairs = [(b, wan_block_forward, "WanTransformerBlock", [b.attn1, b.attn2], ("WanAttnProcessor",))
@@ -367,5 +425,7 @@ def dit_targets(model):
         for a in attns:
             _check_processor(name, a, allowed)
         yield block, factory
-    for attr in heads:  # the output head: per-token norms (Wan's is inline in its forward)
+    for attr in heads:  # the output head: per-token norms
         yield getattr(model, attr), lambda mod, chunks, head_slices: token_span_forward(mod, chunks)
+    if name == "WanTransformer3DModel":  # Wan's head is inline in its forward: the model forward itself
+        yield model, lambda mod, chunks, head_slices: wan_model_forward(mod, chunks)

@@ -26,10 +26,14 @@ import torch
 
 def token_spans(n: int, chunks: int, what: str = "slices") -> list[tuple[int, int]]:
     """Exactly ``chunks`` contiguous ``(start, end)`` spans covering ``range(n)``, sizes differing by at
-    most 1. A chunk count above ``n`` is a ValueError naming the limit (never clamped)."""
+    most 1 (the first ``n % chunks`` one longer, as ``tensor_split``). A chunk count above ``n`` is a
+    ValueError naming the limit (never clamped). Plain integers: no tensor is made, so nothing can land
+    on an accelerator (under a ``torch.device`` context) and cost a host sync per span."""
     if chunks > n:
         raise ValueError(f"{what}={chunks} is larger than the dimension it slices ({n}); use at most {n}")
-    return [(int(i[0]), int(i[-1]) + 1) for i in torch.arange(n).tensor_split(chunks)]
+    size, extra = divmod(n, chunks)
+    bounds = [i * size + min(i, extra) for i in range(chunks + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def rows(t: torch.Tensor, a: int, b: int, n: int) -> torch.Tensor:

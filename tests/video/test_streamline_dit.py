@@ -172,3 +172,33 @@ def test_head_slices_only_for_dits():
 
     with pytest.raises(ValueError, match="head_slices applies to full-attention DiTs"):
         video.streamline(tiny_latte(), head_slices=2)
+
+
+def test_wan_output_head_runs_per_token_span():
+    """Wan's head (norm_out, adaLN, proj_out) is inline in diffusers' forward; streamlined, proj_out sees
+    one token span at a time and the output still equals diffusers' (return_dict=False and the LoRA
+    ``attention_kwargs`` path included)."""
+    m, run, _ = _wan()
+    x, t, ehs = wan_inputs(frames=4, size=8)
+    rows_seen = []
+    m.proj_out.register_forward_pre_hook(lambda mod, args: rows_seen.append(args[0].shape[1]))
+    with torch.no_grad():
+        ref = run()
+        video.streamline(m, slices=5)
+        rows_seen.clear()
+        got = m(x, t, ehs, return_dict=False, attention_kwargs={"scale": 1.0})[0]
+        video.unstreamline(m)
+    _close(got, ref)
+    assert rows_seen == [13, 13, 13, 13, 12]  # 64 tokens in 5 spans
+    assert "forward" not in m.__dict__
+
+
+def test_token_spans_match_tensor_split_without_tensors():
+    """Spans are torch's tensor_split of range(n), computed without making a tensor (so none lands on an
+    accelerator under a device context and costs a host sync per span)."""
+    from video.dit_attention import token_spans
+
+    for n, c in ((64, 5), (14040, 16), (7, 7), (1, 1), (100, 3)):
+        want = [(int(i[0]), int(i[-1]) + 1) for i in torch.arange(n).tensor_split(c)]
+        with torch.device("meta"):  # a tensor made here could not be read back as an int
+            assert token_spans(n, c) == want
