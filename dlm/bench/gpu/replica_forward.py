@@ -141,8 +141,12 @@ def _dgemma_calls(model, batch: int, prompt: int, device):
                                         dtype=canvas_model.embed_dtype)
 
     def decoder():
+        # what the engine runs per denoising step besides the rule: the self-conditioning input from the
+        # previous logits (softmax over the vocabulary @ the embedding table, `soft_embeddings`) and the
+        # decoder forward with its head
         with torch.no_grad():
-            return canvas_model.decode(canvas, self_conditioning, masks, cache, dec_positions)
+            soft = canvas_model.soft_embeddings(self_conditioning.view(batch * C, V)).view(batch, C, -1)
+            return canvas_model.decode(canvas, soft, masks, cache, dec_positions)
 
     return {"decoder": (decoder, batch, C, prompt)}
 
