@@ -38,10 +38,8 @@ def _python_examples(path: str) -> list[tuple[int, str]]:
     return [(line, code) for line, code in _blocks(path, "python") if "(real output" in code]
 
 
-def _console_examples():
-    for path in DOCS:
-        for line, text in _blocks(path, "console"):
-            yield pytest.param(text, id=f"{path}:{line}")
+def _console_examples() -> list:
+    return [pytest.param(text, id=f"{path}:{line}") for path in DOCS for line, text in _blocks(path, "console")]
 
 
 def _expected_python_output(code: str) -> list[str]:
@@ -64,7 +62,7 @@ def _normalise(text: str) -> str:
 
 def test_the_docs_have_examples_to_run():
     """The files keep output examples of both kinds (a rename of the markers must not empty this test)."""
-    assert sum(len(_python_examples(path)) for path in DOCS) >= 4 and len(list(_console_examples())) >= 2
+    assert sum(len(_python_examples(path)) for path in DOCS) >= 4 and len(_console_examples()) >= 2
 
 
 @pytest.mark.parametrize("path", DOCS)
