@@ -77,10 +77,10 @@ def test_models_samplers_prints_whole_first_sentences(capsys):
         assert len(lines[name]) > len(doc.strip().splitlines()[0]) or doc.strip().splitlines()[0].endswith("."), name
 
 
-@pytest.mark.parametrize("command", ["sample", "bench"])
+@pytest.mark.parametrize("command", ["sample", "bench", "image"])
 def test_progress_follows_the_terminal_unless_forced(command):
     parser = build_parser()
-    base = [command] if command == "sample" else [command, "--suite", "copy"]
+    base = [command]
     assert parser.parse_args(base).progress is None  # None: on when stderr is a terminal
     assert parser.parse_args(base + ["--progress"]).progress is True
     assert parser.parse_args(base + ["--no-progress"]).progress is False
