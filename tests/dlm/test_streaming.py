@@ -106,7 +106,7 @@ def test_text_streamer_prints_the_pipeline_answer(tiny, capsys):
     """transformers' TextStreamer, unchanged, on the masked model: what it prints is the answer."""
     model, tok = tiny
     pipe = dlm.DLMPipeline(model, tok)
-    out = pipe("sort: tom fay ivy gus", num_inference_steps=64, gen_length=64, block_length=32,
+    out = pipe("sort: tom fay ivy gus", num_inference_steps=16, gen_length=64, block_length=32,
                sampler="confidence", streamer=TextStreamer(tok, skip_prompt=True))
     assert capsys.readouterr().out == out.texts[0] + "\n" and out.texts[0] == "fay gus ivy tom"
 
