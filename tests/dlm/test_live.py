@@ -208,3 +208,26 @@ def test_sample_record_writes_frames_that_replay_to_the_answer(capsys, tmp_path)
 def test_sample_watch_options_refuse_conflicts_in_one_line(capsys, argv, fragment):
     code, out, err = run_cli(capsys, "sample", *argv)
     assert code == 2 and out == "" and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_render_live_gif_draws_one_image_per_frame(tmp_path):
+    """scripts/render_live_gif.py: a recording in, an animated GIF out, one image per frame, the
+    status colours where the statuses are (a final token dark, a remasked position red)."""
+    from PIL import Image
+
+    from dlm.live import Frame, FrameRecorder
+    from script_loader import load_script
+
+    path = tmp_path / "frames.jsonl"
+    recorder = FrameRecorder(path, {"model": "m", "sampler": "s", "prompt": "p"})
+    recorder(Frame(1, 0, 0, 1, [None, 7, None], "mnm", [None, "ab", None]))
+    recorder(Frame(2, 0, 1, 2, [None, 7, 8], "rfn", [None, "ab", "c"]))
+    recorder.close()
+    script = load_script("render_live_gif.py")
+    out = tmp_path / "live.gif"
+    assert script.main([str(path), "--out", str(out), "--ms", "100", "--hold", "200"]) == 0
+    gif = Image.open(out)
+    assert gif.n_frames == 2
+    gif.seek(1)
+    pixels = set(gif.convert("RGB").getdata())
+    assert any(r > 150 and g < 90 and b < 90 for r, g, b in pixels)  # the red ×
