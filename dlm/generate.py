@@ -49,6 +49,7 @@ def generate(
     window_blocks: int = 1,
     window_open_at: float = 0.1,
     compile: bool = False,
+    streamer=None,
 ) -> GenerateOutput:
     """Generate after each prompt with a diffusion LM: masked (LLaDA, Dream, LLaDA2, tiny-dlm) or
     uniform-noise (transformers' DiffusionGemma).
@@ -139,6 +140,13 @@ def generate(
             through `torch.compile` with static shapes, CUDA graphs on CUDA for greedy steps
             (`dlm.compiled`); the same tokens as the eager step. The first call pays the compilation.
             ValueError where torch.compile cannot run (no C++ compiler on CPU, unsupported device).
+        streamer: any object with transformers' `BaseStreamer` interface (`put(token_ids)`, `end()`),
+            e.g. `transformers.TextStreamer(tokenizer, skip_prompt=True)` or `TextIteratorStreamer`;
+            one prompt (batch 1). It gets the prompt, then the tokens as they become final: on a
+            masked model the growing prefix of final tokens (ending with the first EOS), on a
+            uniform-noise model each accepted canvas, as transformers' DiffusionGemma `generate`
+            streams them (with drafts to a `put_draft` streamer in its own rule); `end()` comes last,
+            also when generation raises. See `dlm.streaming`.
 
     Returns:
         `GenerateOutput` with `.sequences [B, P + gen_length]`, `.nfe`, `.branch_forwards`, `.tpf`,
@@ -152,6 +160,26 @@ def generate(
         shift_logits=shift_logits, generation_config=generation_config, progress=progress,
         window_blocks=window_blocks, window_open_at=window_open_at, compile=compile)
     policy = None if sampler is None else get_sampler(sampler, **(sampler_config or {}))
+    if streamer is None:
+        return _run(model, input_ids, config, policy, attention_mask, callback, return_trace)
+    from dlm.streaming import TokenStream
+
+    stream = TokenStream.start(streamer, model, input_ids, config, policy)
+    try:
+        # the stream reads each step's tokens from the trace records; the trace itself is dropped
+        # unless the caller asked for it
+        out = _run(model, input_ids, config, policy, attention_mask, stream.chain(callback),
+                   return_trace or stream.per_step)
+    except BaseException:
+        stream.abort()
+        raise
+    stream.finish(out)
+    if not return_trace:
+        out.trace = []
+    return out
+
+
+def _run(model, input_ids, config: DecodingConfig, policy, attention_mask, callback, return_trace) -> GenerateOutput:
     if policy is not None and policy.ensemble:
         from dlm.ensemble import run_hex
 

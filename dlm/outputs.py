@@ -20,6 +20,10 @@ class StepTrace:
         `ctx.forward` call). branch_forwards: per row, the rows of those passes (a lookahead call on
         k candidates counts k).
         tokens: `[R, Lb]` block tokens after the step, kept only when `return_trace=True`.
+        accepted: `[R, C]` bool, uniform-noise models in sampler mode, kept with `tokens`: the canvas
+        positions accepted after the step (the others hold noise); None elsewhere (a masked model's
+        uncommitted positions are its mask id; transformers' own rule re-decides every position at
+        every step, and `tokens` is then the argmax canvas).
 
     When a lookahead call runs on fewer rows than the step's own forward (finished rows leave calls
     under EOS stop), the step gives one record for its own pass (forwards 0 or 1) plus one record per
@@ -37,6 +41,7 @@ class StepTrace:
     forwards: int = 1
     branch_forwards: int = 1
     tokens: torch.Tensor | None = None
+    accepted: torch.Tensor | None = None
 
 
 @dataclass

@@ -102,17 +102,22 @@ class DLMPipeline:
             texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
         return texts
 
-    def __call__(self, prompt: str | list[str], num_inference_steps: int | None = None, *, gen_length: int = 64,
+    def __call__(self, prompt: str | list[str], num_inference_steps: int | None = None, *, gen_length: int | None = None,
                  block_length: int | None = None, sampler=None, temperature: float = 0.0,
                  generator: torch.Generator | None = None, kv_cache: str = "auto", eos_early_stop: bool | None = None,
-                 use_chat_template: bool | None = None, progress: bool = False, **generate_kwargs: Any) -> DLMPipelineOutput:
+                 use_chat_template: bool | None = None, progress: bool = False, streamer=None,
+                 **generate_kwargs: Any) -> DLMPipelineOutput:
         """Generate a response for each prompt.
 
         `num_inference_steps` is the forward-pass budget (default: `gen_length`, one token per
-        step); the other arguments are those of `dlm.generate` (same defaults: `eos_early_stop`
-        is on when the model's EOS id is known; `sampler=None` is the model family's default,
-        `threshold` on a masked model and transformers' own rule on DiffusionGemma, whose
-        generation config then also gives the step budget and the EOS ids).
+        step); the other arguments are those of `dlm.generate` (same defaults: `gen_length` 64 on a
+        masked model and the generation config's `max_new_tokens` on DiffusionGemma;
+        `eos_early_stop` is on when the model's EOS id is known; `sampler=None` is the model
+        family's default, `threshold` on a masked model and transformers' own rule on
+        DiffusionGemma, whose generation config then also gives the step budget and the EOS ids).
+        `streamer` (one prompt): a transformers streamer such as `TextStreamer(pipe.tokenizer,
+        skip_prompt=True)`, fed the formatted prompt's ids and then the tokens as they become final
+        (see `dlm.generate`).
         """
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts:
@@ -127,6 +132,6 @@ class DLMPipeline:
         out = run_generation(
             self.model, input_ids, attention_mask=attention, gen_length=gen_length, block_length=block_length,
             steps=num_inference_steps, sampler=sampler, temperature=temperature, generator=generator,
-            kv_cache=kv_cache, progress=progress, **model_ids, **generate_kwargs)
+            kv_cache=kv_cache, progress=progress, streamer=streamer, **model_ids, **generate_kwargs)
         return DLMPipelineOutput(self.decode(out.sequences, input_ids.shape[1]), out.sequences, out.nfe, out.tpf,
                                  out.seconds, input_ids.shape[1])

@@ -298,6 +298,9 @@ class EntropyBoundRule:
     def tokens(self) -> torch.Tensor:
         return self.argmax
 
+    def accepted_positions(self, rows: torch.Tensor) -> None:
+        return None  # every step re-decides every position: nothing is accepted before the canvas ends
+
 
 class AcceptRule:
     """Any masked-diffusion sampler of ours on a uniform-noise model: "commit" reads "accept".
@@ -418,6 +421,9 @@ class AcceptRule:
 
     def tokens(self) -> torch.Tensor:
         return self.canvas
+
+    def accepted_positions(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.accepted[rows].clone()  # `[R, C]` bool, for the trace
 
 
 class _CanvasLookahead:
@@ -566,7 +572,8 @@ def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tenso
             if callback is not None or return_trace:
                 accepted_now, left = rule.last_trace
                 record = StepTrace(index, step, nfe, rows, accepted_now, left, True, 1 + extra, 1 + extra_branches,
-                                   rule.tokens()[rows].clone() if return_trace else None)
+                                   rule.tokens()[rows].clone() if return_trace else None,
+                                   rule.accepted_positions(rows) if return_trace else None)
                 if callback is not None:
                     callback(record)
                 if return_trace:

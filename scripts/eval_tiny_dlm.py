@@ -1,11 +1,12 @@
 """Per-task and per-suite accuracy of tiny DLM checkpoints on the TEST split of the task suites.
 
 Decodes with `dlm.generate` (confidence sampler, greedy) and scores each output with its task's
-verifier. `--steps` takes a list, so one run gives the quality curve over tokens per forward
-(TPF = gen_length / steps; 64 steps = one token per step), and `--model` takes a list, so
-checkpoints are compared on the same examples in the same run.
+verifier. `--steps` takes a list of forward-pass budgets, so one run gives the quality curve over
+tokens per forward (64 steps at gen 64 = a budget of one token per step; an adaptive sampler such as
+`threshold` may use fewer forwards, so the table gives the measured tokens per forward beside each
+accuracy), and `--model` takes a list, so checkpoints are compared on the same examples in the same run.
 
-    python scripts/eval_tiny_dlm.py                       # shipped checkpoint, 50 per task, TPF 1
+    python scripts/eval_tiny_dlm.py                       # shipped checkpoint, 50 per task, 64 steps
     python scripts/eval_tiny_dlm.py --steps 64,32,16,8 --eos-stop --n 24 \
         --model tiny-dlm,/tmp/tiny_dlm_run --json /tmp/eval.json
 """
@@ -96,15 +97,18 @@ def evaluate(model, tok, tasks, steps: int, args) -> dict:
     results = {}
     for task in tasks:
         exs = task.examples("test", args.n, seed=args.seed)
-        outs, nfe = [], 0
+        outs, nfe, batches = [], 0, 0
         for i in range(0, len(exs), args.batch_size):
             chunk = exs[i:i + args.batch_size]
             texts = [e.prompt if args.no_sep else e.input_text for e in chunk]
             o, k = decode(model, tok, texts, run)
             outs += o
             nfe += k
+            batches += 1
         scores = [task.score(e, o) for e, o in zip(exs, outs)]
-        results[task.name] = {"accuracy": sum(scores) / len(scores), "n": len(exs), "nfe": nfe,
+        # nfe: forwards of the batched calls, summed over batches (a batched call counts once)
+        results[task.name] = {"accuracy": sum(scores) / len(scores), "n": len(exs), "nfe": nfe, "batches": batches,
+                              "tpf": args.gen_length * batches / max(nfe, 1),
                               "samples": [{"prompt": e.prompt, "answer": e.answer, "output": o,
                                            "score": s} for e, o, s in list(zip(exs, outs, scores))[:5]]}
         if args.show:
@@ -126,17 +130,32 @@ def suite_means(task_results: dict) -> dict[str, float]:
     return out
 
 
+def measured_tpf(task_results: dict) -> dict[str, float]:
+    """Tokens per forward as measured, per suite present and "mean": generated tokens over the
+    forwards the batched calls took (`tpf` of each task, weighted by its forwards)."""
+    def tpf(names):
+        rows = [task_results[t] for t in names if t in task_results]
+        return sum(r["tpf"] * r["nfe"] for r in rows) / max(sum(r["nfe"] for r in rows), 1e-9) if rows else None
+    out = {suite: tpf(names) for suite, names in SUITES.items() if suite != "all"}
+    out = {k: v for k, v in out.items() if v is not None}
+    out["mean"] = tpf(list(task_results))
+    return out
+
+
 def curve_table(results: dict, gen_length: int) -> str:
-    """Markdown table: one row per (model, suite), one column per tokens-per-forward."""
+    """Markdown table: one row per (model, suite), one column per step budget; each cell is the
+    accuracy (%) and, in brackets, the tokens per forward measured (an adaptive sampler, or EOS stop,
+    takes fewer forwards than the budget: the budget's own is gen_length / steps, in the header)."""
     lines = []
     for model_name, by_steps in results.items():
         steps = list(by_steps)
         if not lines:
-            head = " | ".join(f"TPF {gen_length / k:g}" for k in steps)
+            head = " | ".join(f"{k} steps (budget {gen_length / k:g} tok/fwd): acc % (measured tok/fwd)" for k in steps)
             lines += [f"| model | suite | {head} |", "|---|---|" + "---:|" * len(steps)]
         means = {k: suite_means(by_steps[k]) for k in steps}
+        speeds = {k: measured_tpf(by_steps[k]) for k in steps}
         for suite in means[steps[0]]:
-            cells = " | ".join(f"{100 * means[k][suite]:.1f}" for k in steps)
+            cells = " | ".join(f"{100 * means[k][suite]:.1f} ({speeds[k][suite]:.1f})" for k in steps)
             lines.append(f"| {model_name} | {suite} | {cells} |")
     return "\n".join(lines)
 
@@ -151,7 +170,8 @@ def main(argv=None):
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--block-length", type=int, default=32)
     ap.add_argument("--steps", default="64",
-                    help="forward-pass budget(s), comma-separated, e.g. 64,32,16,8 (TPF 1, 2, 4, 8)")
+                    help="forward-pass budget(s), comma-separated, e.g. 64,32,16,8 (budgets of 1, 2, 4, 8 tokens "
+                         "per forward at gen 64)")
     ap.add_argument("--sampler", default="confidence")
     ap.add_argument("--kv-cache", default="none", choices=list(KV_CACHE_MODES))
     ap.add_argument("--eos-stop", action="store_true",
@@ -186,7 +206,7 @@ def main(argv=None):
             return 2
         results[name] = {}
         for steps in steps_list:
-            print(f"{name}: steps={steps} (TPF {args.gen_length / steps:g})", flush=True)
+            print(f"{name}: steps={steps} (a budget of {args.gen_length / steps:g} tokens per forward)", flush=True)
             results[name][steps] = evaluate(model, tok, tasks, steps, args)
     print(curve_table(results, args.gen_length))
     print(f"({time.time() - t_start:.0f}s)")

@@ -155,7 +155,7 @@ class BenchConfig:
     limit: int | None = None
     gen_length: int | None = 64
     block_length: int | None = 32
-    kv_cache: str = "none"
+    kv_cache: str = "auto"
     batch_size: int = 16
     seed: int = 0
     temperature: float | None = None

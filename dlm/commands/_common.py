@@ -85,12 +85,25 @@ def seeded_generator(seed: int):
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """The decoding options every dLLM subcommand shares, with the same defaults as the API."""
-    parser.add_argument("--model", default="tiny-dlm", help="built-in name (see `dlm models`) or checkpoint path (default: tiny-dlm)")
-    parser.add_argument("--gen-length", type=positive_int, default=64, help="tokens to generate (default: 64)")
-    parser.add_argument("--block-length", type=positive_int, default=None, help="semi-autoregressive block size (default: gen-length)")
-    parser.add_argument("--temperature", type=temperature_value, default=0.0, help="0 is greedy (default: 0)")
-    parser.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default="auto", help="KV cache: Fast-dLLM's prefix or dual, or prompt (the prompt's K/V only; exact for a "
-                        "model whose prompt ignores the response), or auto (prompt where exact, else none) (default: auto)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    """The decoding options of `dlm sample`, with the API's defaults, stated per model family (masked:
+    tiny-dlm, LLaDA, Dream, LLaDA2; uniform noise: DiffusionGemma, tiny-dgemma)."""
+    parser.add_argument("--model", default="tiny-dlm",
+                        help="built-in name (see `dlm models`), checkpoint folder or hub id (default: tiny-dlm)")
+    parser.add_argument("--gen-length", type=positive_int, default=None,
+                        help="tokens to generate (default: 64 on a masked model; on DiffusionGemma the generation "
+                             "config's max_new_tokens, 48 for tiny-dgemma; DiffusionGemma rounds up to whole canvases "
+                             "and both stop early at EOS)")
+    parser.add_argument("--block-length", type=positive_int, default=None,
+                        help="semi-autoregressive block size (default: gen-length, one block, on a masked model; the "
+                             "canvas length on DiffusionGemma, where a --sampler may take a divisor of it)")
+    parser.add_argument("--temperature", type=temperature_value, default=0.0,
+                        help="0 is greedy (default: 0); DiffusionGemma's own rule takes its temperatures from the "
+                             "generation config (t_max, t_min) and needs --sampler for this one")
+    parser.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default="auto",
+                        help="masked models: Fast-dLLM's prefix or dual, prompt (the prompt's K/V only; exact for a "
+                             "model whose prompt ignores the response), none, or auto (prompt where exact, else none); "
+                             "DiffusionGemma keeps its own exact encoder cache: auto or none (default: auto)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed: the sampler's generator, or torch's global RNG for DiffusionGemma's own "
+                             "rule, as transformers' generate draws from it (default: 0)")
     parser.add_argument("--device", type=device_value, default="cpu", help="torch device (default: cpu)")

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from dlm._progress import show_progress
 from dlm.commands._common import KV_CACHE_CHOICES, check_output_dir, device_value, positive_int, temperature_value
 
 
@@ -46,8 +47,9 @@ def register(subparsers) -> None:
                         "for chains; a DiffusionGemma's generation_config max_new_tokens)")
     p.add_argument("--block-length", type=positive_int, default=None,
                    help="block size (default: 32; a DiffusionGemma's canvas_length)")
-    p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default="none",
-                   help="KV cache for entries without kv= (default: none)")
+    p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default="auto",
+                   help="KV cache for entries without kv=, as in dlm sample (default: auto: the prompt's cache where "
+                        "it is exact, as on tiny-dlm, else none; DiffusionGemma: its own exact cache)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per batched call (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling (default: 0)")
     p.add_argument("--temperature", type=temperature_value, default=None,
@@ -59,7 +61,8 @@ def register(subparsers) -> None:
     p.add_argument("--device", type=device_value, default="cpu", help="torch device (default: cpu)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a terminal")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars on stderr (default: on when stderr is a terminal, off when redirected)")
     p.add_argument("--json", action="store_true", help="print the JSON summary on stdout (the table goes to stderr)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the finished pairs of an interrupted run of the same options in --out (its pairs.jsonl)")
@@ -93,7 +96,7 @@ def run(args) -> int:
               else f"resume: nothing to resume in {out_dir}; starting afresh", file=sys.stderr)
     try:
         with _sigterm_as_interrupt():
-            result = run_bench(cfg, progress=sys.stderr.isatty() or args.progress, journal=journal)
+            result = run_bench(cfg, progress=show_progress(args.progress), journal=journal)
     except OutputError:
         raise  # the folder cannot be written: its message says where the finished pairs are
     except BaseException as err:  # Ctrl-C, SIGTERM, a crash: keep what finished

@@ -10,10 +10,12 @@ Writes one nearest-neighbour-upscaled PNG per sample and a grid, prints the path
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
+from dlm._progress import show_progress
 from dlm.commands._common import check_output_dir, positive_int, quiet_diffusers
 
 # diffusers' own schedulers, selectable next to the project's registry (samplers.solvers.SOLVERS)
@@ -94,6 +96,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="dlm-image-out", help="output folder (default: dlm-image-out)")
     p.add_argument("--scale", type=positive_int, default=8, help="upscale factor of the PNGs (default: 8)")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: on when stderr is a terminal, off when redirected)")
     p.set_defaults(func=run)
 
 
@@ -149,8 +153,8 @@ def run(args) -> int:
 
     search_info = None
     if args.search is None:
-        bar = tqdm(total=args.steps, desc="dlm image", unit="step", file=sys.stderr, disable=not sys.stderr.isatty(),
-                   leave=False)
+        bar = tqdm(total=args.steps, desc="dlm image", unit="step", file=sys.stderr,
+                   disable=not show_progress(args.progress), leave=False)
         out = pipe(digits=labels, num_inference_steps=args.steps, guidance_scale=args.guidance, generator=gen,
                    callback=lambda i, total: bar.update(1))
         bar.close()
@@ -165,7 +169,7 @@ def run(args) -> int:
             raise ValueError(f"--budget {budget} is below one full denoising ({one} NFE at --steps {args.steps})")
         results = []
         for d in tqdm(requested, desc=f"{args.search} search", unit="image", file=sys.stderr,
-                      disable=not sys.stderr.isatty(), leave=False):
+                      disable=not show_progress(args.progress), leave=False):
             den = pipe.denoiser(d, args.steps, args.guidance)
             results.append(run_search(args.search, den, digits_verifier(d), budget_nfe=budget, generator=gen))
         images = torch.stack([r.best_sample for r in results]).clamp(-1, 1)

@@ -13,8 +13,7 @@ def run(args) -> int:
         import sys
         from samplers import SAMPLERS
         for name in sorted(SAMPLERS):
-            doc = (sys.modules[SAMPLERS[name].__module__].__doc__ or "").strip()
-            print(f"{name}\t{doc.splitlines()[0] if doc else ''}")
+            print(f"{name}\t{first_sentence(sys.modules[SAMPLERS[name].__module__].__doc__ or '')}")
         from dlm.bench.diffusers_llada2 import BASELINE_DESCRIPTIONS
         for name, doc in BASELINE_DESCRIPTIONS.items():
             print(f"{name}\t{doc}")
@@ -31,3 +30,16 @@ def run(args) -> int:
     print("any folder or hub id of: LLaDA, Dream, LLaDA2 (masked diffusion), DiffusionGemma (uniform noise): "
           "dlm sample --model DIR")
     return 0
+
+
+def first_sentence(doc: str) -> str:
+    """The first sentence of a docstring's first paragraph, on one line: up to the first period that
+    ends a sentence (followed by a space or the end, outside parentheses, so "et al., 2025" and
+    "(... Models)." stay whole)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    depth = 0
+    for i, char in enumerate(paragraph):
+        depth += (char == "(") - (char == ")")
+        if char == "." and depth == 0 and (i + 1 == len(paragraph) or paragraph[i + 1] == " "):
+            return paragraph[:i + 1]
+    return paragraph

@@ -42,7 +42,13 @@ def test_curve_per_suite_and_scores_recomputed(eval_script, tmp_path, capsys):
         assert result["suites"]["puzzles"] == pytest.approx(sum(accs) / 2)
         assert result["suites"]["mean"] == pytest.approx(sum(accs) / 2)
     table = capsys.readouterr().out
-    assert "| model | suite | TPF 1 | TPF 4 |" in table and "| tiny-dlm | puzzles |" in table
+    assert ("| model | suite | 64 steps (budget 1 tok/fwd): acc % (measured tok/fwd) | "
+            "16 steps (budget 4 tok/fwd): acc % (measured tok/fwd) |") in table
+    # the measured tokens per forward: generated tokens over the forwards taken (one batch per task here)
+    row = next(line for line in table.splitlines() if line.startswith("| tiny-dlm | puzzles |"))
+    for cell, steps in zip(row.split(" | ")[2:], ("64", "16")):
+        nfe = [by_steps[steps]["tasks"][t]["nfe"] for t in ("sudoku", "latin")]
+        assert cell.rstrip(" |").endswith(f"({64 * 2 / sum(nfe):.1f})")
 
 
 def test_engine_matches_the_scripts_reference_loop(eval_script, tmp_path):

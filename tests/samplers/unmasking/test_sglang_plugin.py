@@ -14,7 +14,7 @@ package, whose `DllmConfig` imports `sglang.srt.configs`, whose `nano_nemotron_v
 builds that match torch 2.13 (0.28, 0.29) are linked against CUDA torch and fail at import on the CPU
 build (`torchvision::nms` does not exist); torchvision 0.16.2, whose import tolerates a missing ops
 library, imports and serves `transforms`. Nothing is stubbed: the test environment installs sglang and
-that torchvision with `--no-deps` (docs/dlm.md, "SGLang", has the command).
+that torchvision with `--no-deps` (scripts/install_test_extras.sh, which the README's test command runs).
 
 The SGLang tests are skipped only when sglang is not installed AND the README's test command does
 not install it; once the README installs it, a missing sglang fails them.
@@ -42,9 +42,19 @@ BLOCK = 8
 
 
 def readme_installs_sglang() -> bool:
-    """Whether the README's test command (its second bash block, the one CI runs) installs sglang."""
+    """Whether the README's test command (its second bash block, the one CI runs) installs sglang,
+    itself or through a project script it runs (`scripts/install_test_extras.sh`)."""
     blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    return len(blocks) > 1 and "sglang" in blocks[1]
+    if len(blocks) < 2:
+        return False
+    scripts = [ROOT / path for path in re.findall(r"scripts/[\w.-]+\.sh", blocks[1]) if (ROOT / path).is_file()]
+    return any("sglang" in text for text in [blocks[1]] + [path.read_text() for path in scripts])
+
+
+def test_the_readme_test_command_installs_sglang():
+    """CI runs the README's test command: through scripts/install_test_extras.sh it installs sglang,
+    so the tests below run there (a missing sglang fails them instead of skipping them)."""
+    assert readme_installs_sglang()
 
 
 SGLANG_ABSENT = importlib.util.find_spec("sglang") is None
