@@ -583,6 +583,9 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
                         callback(record)
                     if return_trace:
                         trace.append(record)
+            # drop this step's vocabulary-sized logits (and what refers to them) before the next
+            # forward makes new ones: two [rows, L, V] tables at the peak otherwise
+            del logits, ctx, result, lookahead
             step += 1
         if window is not None:
             carried = reuse  # the next head starts from these logits when the lookahead left some
