@@ -55,7 +55,24 @@ def test_engine_matches_the_scripts_reference_loop(eval_script, tmp_path):
             assert outs == [s["output"] for s in reference[steps]["tasks"][name]["samples"]]
 
 
+def test_validation_split_and_excluded_draws(eval_script, tmp_path, capsys):
+    from dlm.tasks import subset_of
+
+    val = run(eval_script, tmp_path, "--split", "val")["models"]["tiny-dlm"]["64"]["tasks"]
+    assert all(subset_of(s["prompt"]) == "val" for t in val.values() for s in t["samples"])
+    # --exclude: test prompts outside an earlier draw (here the seed-0 draw of 5 per task)
+    fresh = run(eval_script, tmp_path, "--exclude", "0:5")["models"]["tiny-dlm"]["64"]["tasks"]
+    for name, r in fresh.items():
+        earlier = {e.prompt for e in get_task(name).examples("test", 5, seed=0)}
+        prompts = [s["prompt"] for s in r["samples"]]
+        assert len(prompts) == 2 and not set(prompts) & earlier
+        assert all(subset_of(p) == "test" for p in prompts)
+    assert "excluding the draws 0:5" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--exclude", "0-200"], "--exclude"),
+    (["--exclude", "a:3"], "--exclude"),
     (["--steps", "64,0"], "--steps"),
     (["--steps", "sixty"], "--steps"),
     (["--suite", "nope"], "unknown suite"),
