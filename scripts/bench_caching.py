@@ -14,9 +14,11 @@ Writes ``caching.json``, ``caching.csv`` and ``caching.png`` to ``--out``.
 
 ``--runs K`` repeats the whole measurement K times (each run timing every row against its own
 uncached row) and writes ``spread.json``/``spread.md``: per row the median, min and max speed-up over
-the runs, and a verdict against the noise of identical work, the never-skip rows' speed-ups over the
-same runs: ``gain`` only when the row's slowest run beats the never-skip rows' fastest, ``loss`` when
-its fastest run is below their slowest, else ``noise``.
+the runs, and a verdict against the noise, read off all never-skip rows of the same runs (every model
+and step count: the same output as uncached, with the cache's hooks attached, so their speed-ups are
+what identical work reads on this machine): ``gain`` only when the row's slowest run beats 1.0 and the
+fastest never-skip reading, ``loss`` when its fastest run is below 1.0 and the slowest never-skip
+reading, else ``noise``.
 """
 from __future__ import annotations
 
@@ -510,25 +512,27 @@ def main(argv=None) -> int:
 def spread(rows) -> list:
     """Per (model, steps, cache) over the runs of ``--runs``: the speed-ups (pair medians under --paired),
     their median, min and max, PSNR and accuracy of the first run, and a verdict against the noise band
-    of identical work: the min and max of the never-skip rows' speed-ups on that model and step count.
-    ``gain``: the row's min is above the band's max; ``loss``: its max is below the band's min; else
-    ``noise``. A row that raised in any run keeps its error."""
+    of identical output: the min and max of every never-skip row's speed-up in ``rows`` (all models and
+    step counts: pooled, since three runs of one row say little about the spread). ``gain``: the row's
+    min is above both 1.0 and the band's max; ``loss``: its max is below both 1.0 and the band's min;
+    else ``noise``. A row that raised in any run keeps its error."""
     def speed(r):
         return r.get("pair_speedup", r["speedup"])
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["model"], r["steps"], r["cache"]), []).append(r)
+    band = [speed(r) for r in rows if r["cache"] == "never-skip" and "error" not in r]
     out = []
     for (model, steps, cache), rs in groups.items():
         errors = [r["error"] for r in rs if "error" in r]
         if errors:
             out.append(dict(model=model, steps=steps, cache=cache, error=errors[0]))
             continue
-        band = [speed(r) for r in groups.get((model, steps, "never-skip"), [])]
         ups = [speed(r) for r in rs]
         verdict = None
         if cache not in ("uncached", "never-skip") and band:
-            verdict = "gain" if min(ups) > max(band) else "loss" if max(ups) < min(band) else "noise"
+            verdict = ("gain" if min(ups) > max(1.0, max(band)) else
+                       "loss" if max(ups) < min(1.0, min(band)) else "noise")
         out.append(dict(model=model, steps=steps, cache=cache, runs=len(rs), speedups=ups,
                         median=round(statistics.median(ups), 2), min=min(ups), max=max(ups),
                         seconds=round(statistics.median(r["seconds"] for r in rs), 3), psnr=rs[0]["psnr"],

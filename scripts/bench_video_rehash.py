@@ -21,8 +21,8 @@ perceptual quality of a trained model.
 Noise: every run also times the uncached loop a second time (``uncached again``: identical work, so its
 speed-up is the timing noise). ``--runs K`` repeats the whole measurement K times and prints each
 configuration's median and min-max speed-up over the runs with a verdict against the ``uncached again``
-rows: ``gain`` only when its slowest run beats their fastest, ``loss`` when its fastest is below their
-slowest, else ``noise``.
+rows: ``gain`` only when its slowest run beats 1.0 and their fastest, ``loss`` when its fastest is below
+1.0 and their slowest, else ``noise``.
 """
 
 import argparse
@@ -85,7 +85,8 @@ def verdicts(rows: list) -> list:
         ups = [r["speedup"] for r in rs]
         verdict = None
         if config not in ("uncached", NOISE_ROW) and band:
-            verdict = "gain" if min(ups) > max(band) else "loss" if max(ups) < min(band) else "noise"
+            verdict = ("gain" if min(ups) > max(1.0, max(band)) else
+                       "loss" if max(ups) < min(1.0, min(band)) else "noise")
         out.append(dict(config=config, runs=len(rs), speedups=ups, median=round(statistics.median(ups), 2),
                         min=min(ups), max=max(ups), cpu_s=round(statistics.median(r["cpu_s"] for r in rs), 3),
                         rehashed=rs[0]["rehashed"], max_abs=rs[0]["max_abs"], psnr=rs[0]["psnr"], verdict=verdict))

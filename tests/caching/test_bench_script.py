@@ -91,6 +91,14 @@ def test_spread_calls_a_gain_only_beyond_the_never_skip_band(bench):
     assert table["diffusers X"]["error"] == "IndexError: x"
     md = bench.spread_markdown(list(table.values()))
     assert "| pixart | 20 | block:a | 1.6 | 1.25x (1.20-1.30) | gain | 50.0 |  |" in md
+    # the band pools every model's never-skip rows: another model's 1.25 widens it, block:a is then noise
+    other = [dict(_row("never-skip", 1.25, math.inf, model="digits"), run=0, seconds=1.0, accuracy=None)]
+    assert {r["cache"]: r for r in bench.spread(rows + other)}["block:a"]["verdict"] == "noise"
+    # and a band below 1 does not make a row that reads under 1.0 in some run a gain
+    low = [dict(_row("never-skip", 0.8, math.inf, model="x"), run=0, seconds=1.0, accuracy=None)]
+    below = [dict(_row("block:e", up, 50.0), run=run, seconds=1.0, accuracy=None) for run, up in enumerate((0.97, 1.3))]
+    kept = [r for r in rows if r["cache"] != "never-skip"]
+    assert {r["cache"]: r for r in bench.spread(kept + low + below)}["block:e"]["verdict"] == "noise"
 
 
 def test_runs_repeat_every_row_and_write_the_spread(bench, tmp_path):
