@@ -11,6 +11,14 @@ the waits for other processes), best wall time, speed-ups over uncached, PSNR of
 caches (FirstBlockCache, TaylorSeer) run inside ``model.cache_context("cfg")`` with their state reset
 before each call -- what a pipeline that supports them does; where they raise, the error is recorded.
 Writes ``caching.json``, ``caching.csv`` and ``caching.png`` to ``--out``.
+
+``--runs K`` repeats the whole measurement K times (each run timing every row against its own
+uncached row) and writes ``spread.json``/``spread.md``: per row the median, min and max speed-up over
+the runs, and a verdict against the noise, read off all never-skip rows of the same runs (every model
+and step count: the same output as uncached, with the cache's hooks attached, so their speed-ups are
+what identical work reads on this machine): ``gain`` only when the row's slowest run beats 1.0 and the
+fastest never-skip reading, ``loss`` when its fastest run is below 1.0 and the slowest never-skip
+reading, else ``noise``.
 """
 from __future__ import annotations
 
@@ -441,7 +449,12 @@ def main(argv=None) -> int:
                     help="time an uncached call beside every cached one (alternating) and take each row's "
                          "speed-up against its own uncached calls: ratios robust to load that drifts during "
                          "the run (twice the time)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="repeat the whole measurement this many times and report each row's spread of speed-ups "
+                         "over the runs against the never-skip rows' (spread.json, spread.md)")
     args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be >= 1")
     global REPEATS, DIGIT_REPEATS, WITH_DIFFUSERS, ONLY, EXTRA, DIFFUSERS_SWEEP, PEERS, PAIRED
     PEERS, PAIRED = args.peers, args.paired
     try:
@@ -460,29 +473,86 @@ def main(argv=None) -> int:
     builders = {"unet": lambda: tiny_unet(width=32), "unet-sd": lambda: tiny_sd_unet(width=32), "pixart": lambda: tiny_pixart(layers=8, heads=4, head_dim=32),
                 "sd3": lambda: tiny_sd3(layers=8, heads=4, head_dim=32, max_latent=32)}
     rows: list = []
+    models = {}
     for kind in args.models.split(","):
         if kind == "digits":
             from dlm.image.digits_model import load_digits_pipeline
-            model = load_digits_pipeline()
+            models[kind] = load_digits_pipeline()
         else:
-            model = builders[kind]()
-        for steps in (int(s) for s in args.steps.split(",")):
-            run_model(kind, model, steps, rows)
+            models[kind] = builders[kind]()
+    for run in range(args.runs):
+        for kind, model in models.items():
+            for steps in (int(s) for s in args.steps.split(",")):
+                start = len(rows)
+                run_model(kind, model, steps, rows)
+                for r in rows[start:]:
+                    r["run"] = run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.runs > 1:
+        table = spread(rows)
+        (out / "spread.json").write_text(json.dumps(table, indent=1))
+        (out / "spread.md").write_text(spread_markdown(table))
+        print(spread_markdown(table), flush=True)
     (out / "caching.json").write_text(json.dumps(rows, indent=1))
-    keys = ["model", "steps", "cache", "seconds", "median", "wall", "speedup", "median_speedup", "wall_speedup", "psnr",
+    keys = ["run", "model", "steps", "cache", "seconds", "median", "wall", "speedup", "median_speedup", "wall_speedup", "psnr",
             "accuracy", "ref_seconds", "pair_speedup", "error"]
     with open(out / "caching.csv", "w", newline="") as f:
         w = csv.DictWriter(f, keys)
         w.writeheader()
         w.writerows(rows)
     plot(rows, out / "caching.png")
-    summary = head_to_head(rows)
+    summary = head_to_head([r for r in rows if r.get("run", 0) == 0])  # rows of one run against each other
     (out / "head_to_head.json").write_text(json.dumps(summary, indent=1))
     for r in summary:
         print(r, flush=True)
     return 0
+
+
+def spread(rows) -> list:
+    """Per (model, steps, cache) over the runs of ``--runs``: the speed-ups (pair medians under --paired),
+    their median, min and max, PSNR and accuracy of the first run, and a verdict against the noise band
+    of identical output: the min and max of every never-skip row's speed-up in ``rows`` (all models and
+    step counts: pooled, since three runs of one row say little about the spread). ``gain``: the row's
+    min is above both 1.0 and the band's max; ``loss``: its max is below both 1.0 and the band's min;
+    else ``noise``. A row that raised in any run keeps its error."""
+    def speed(r):
+        return r.get("pair_speedup", r["speedup"])
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["steps"], r["cache"]), []).append(r)
+    band = [speed(r) for r in rows if r["cache"] == "never-skip" and "error" not in r]
+    out = []
+    for (model, steps, cache), rs in groups.items():
+        errors = [r["error"] for r in rs if "error" in r]
+        if errors:
+            out.append(dict(model=model, steps=steps, cache=cache, error=errors[0]))
+            continue
+        ups = [speed(r) for r in rs]
+        verdict = None
+        if cache not in ("uncached", "never-skip") and band:
+            verdict = ("gain" if min(ups) > max(1.0, max(band)) else
+                       "loss" if max(ups) < min(1.0, min(band)) else "noise")
+        out.append(dict(model=model, steps=steps, cache=cache, runs=len(rs), speedups=ups,
+                        median=round(statistics.median(ups), 2), min=min(ups), max=max(ups),
+                        seconds=round(statistics.median(r["seconds"] for r in rs), 3), psnr=rs[0]["psnr"],
+                        accuracy=rs[0]["accuracy"], verdict=verdict))
+    return out
+
+
+def spread_markdown(table) -> str:
+    """``spread`` as the markdown table docs/caching.md shows."""
+    lines = ["| model | steps | cache | CPU s / call (median) | speed-up median (min-max over runs) | verdict | PSNR dB | digits acc % |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['steps']} | {r['cache']} | error: `{r['error'][:60]}` | | | | |")
+            continue
+        psnr = "identical" if r["psnr"] == math.inf else r["psnr"]
+        acc = "" if r["accuracy"] is None else r["accuracy"]
+        lines.append(f"| {r['model']} | {r['steps']} | {r['cache']} | {r['seconds']} | {r['median']:.2f}x "
+                     f"({r['min']:.2f}-{r['max']:.2f}) | {r['verdict'] or ''} | {psnr} | {acc} |")
+    return "\n".join(lines) + "\n"
 
 
 def is_peer(cache: str) -> bool:

@@ -17,6 +17,12 @@ Reported: CPU seconds per call (the process's own time: the machine is shared), 
 uncached, steps rehashed, max abs difference and PSNR of the final latents against uncached (peak =
 the uncached latents' range). Random weights: the numbers show the mechanism's cost and fidelity, not
 perceptual quality of a trained model.
+
+Noise: every run also times the uncached loop a second time (``uncached again``: identical work, so its
+speed-up is the timing noise). ``--runs K`` repeats the whole measurement K times and prints each
+configuration's median and min-max speed-up over the runs with a verdict against the ``uncached again``
+rows: ``gain`` only when its slowest run beats 1.0 and their fastest, ``loss`` when its fastest is below
+1.0 and their slowest, else ``noise``.
 """
 
 import argparse
@@ -62,40 +68,43 @@ def timed(fn, reps: int):
     return out, best
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--frames", type=int, default=16)
-    ap.add_argument("--size", type=int, default=32, help="latent height = width")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--thresholds", default="0.05,0.1,0.2", help="comma-separated rehash thresholds")
-    ap.add_argument("--max-reuse", type=int, default=2)
-    ap.add_argument("--slices", type=int, default=None, help="batch x frames slices (default: frames)")
-    ap.add_argument("--tslices", type=int, default=4)
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--out", default=None, help="write the rows as JSON here")
-    a = ap.parse_args(argv)
-    try:
-        thresholds = [float(t) for t in a.thresholds.split(",")]
-    except ValueError:
-        sys.exit(f"error: --thresholds must be comma-separated numbers, got {a.thresholds!r}")
-    if a.out and os.path.isfile(os.path.dirname(os.path.abspath(a.out))):
-        sys.exit(f"error: --out {a.out}: its folder is a file")
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+NOISE_ROW = "uncached again"
 
+
+def verdicts(rows: list) -> list:
+    """Per configuration over the runs (rows carry ``run``): speed-ups, their median / min / max, and the
+    verdict against the ``uncached again`` rows' band (see the module docstring)."""
+    import statistics
+
+    by_config: dict = {}
+    for r in rows:
+        by_config.setdefault(r["config"], []).append(r)
+    band = [r["speedup"] for r in by_config.get(NOISE_ROW, [])]
+    out = []
+    for config, rs in by_config.items():
+        ups = [r["speedup"] for r in rs]
+        verdict = None
+        if config not in ("uncached", NOISE_ROW) and band:
+            verdict = ("gain" if min(ups) > max(1.0, max(band)) else
+                       "loss" if max(ups) < min(1.0, min(band)) else "noise")
+        out.append(dict(config=config, runs=len(rs), speedups=ups, median=round(statistics.median(ups), 2),
+                        min=min(ups), max=max(ups), cpu_s=round(statistics.median(r["cpu_s"] for r in rs), 3),
+                        rehashed=rs[0]["rehashed"], max_abs=rs[0]["max_abs"], psnr=rs[0]["psnr"], verdict=verdict))
+    return out
+
+
+def measure(unet, run, a, thresholds) -> list:
+    """One run: every configuration timed (after a warm-up, best of ``--reps``) against its uncached loop."""
     import caching
     import video
     from caching import StepRehashConfig
-    from video_tiny import motion_inputs, tiny_motion_unet
-
-    torch.manual_seed(0)
-    unet = tiny_motion_unet()
-    latents, _, ehs = motion_inputs(batch=1, frames=a.frames, size=a.size)
-
-    def run():
-        return denoise(unet, latents, ehs, a.steps)
 
     ref, t0 = timed(run, a.reps)
     rows = [dict(config="uncached", cpu_s=round(t0, 3), speedup=1.0, rehashed=0, max_abs=0.0, psnr=math.inf)]
+    print(rows[-1], flush=True)
+    again, t = timed(run, a.reps)  # identical work: its speed-up is the timing noise
+    rows.append(dict(config=NOISE_ROW, cpu_s=round(t, 3), speedup=round(t0 / t, 2), rehashed=0,
+                     max_abs=float(f"{(again - ref).abs().max().item():.3g}"), psnr=round(psnr(again, ref), 2)))
     print(rows[-1], flush=True)
     video.streamline(unet, slices=a.slices or a.frames, temporal_slices=a.tslices)
     try:
@@ -122,10 +131,56 @@ def main(argv=None) -> int:
                              speedup=round(t0 / t, 2), rehashed=tracker.counters["steps_rehashed"] // calls,
                              max_abs=float(f"{(out - ref).abs().max().item():.3g}"), psnr=round(psnr(out, ref), 2)))
             print(rows[-1], flush=True)
-    print(f"\n| config | CPU s / call | speed-up | steps rehashed of {a.steps} | max abs diff | PSNR dB |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['config']} | {r['cpu_s']} | {r['speedup']}x | {r['rehashed']} | {r['max_abs']} | {r['psnr']} |")
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--frames", type=int, default=16)
+    ap.add_argument("--size", type=int, default=32, help="latent height = width")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--thresholds", default="0.05,0.1,0.2", help="comma-separated rehash thresholds")
+    ap.add_argument("--max-reuse", type=int, default=2)
+    ap.add_argument("--slices", type=int, default=None, help="batch x frames slices (default: frames)")
+    ap.add_argument("--tslices", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=1, help="repeat the whole measurement; report the spread over runs")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    a = ap.parse_args(argv)
+    try:
+        thresholds = [float(t) for t in a.thresholds.split(",")]
+    except ValueError:
+        sys.exit(f"error: --thresholds must be comma-separated numbers, got {a.thresholds!r}")
+    if a.out and os.path.isfile(os.path.dirname(os.path.abspath(a.out))):
+        sys.exit(f"error: --out {a.out}: its folder is a file")
+    if a.runs < 1:
+        sys.exit("error: --runs must be >= 1")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+    from video_tiny import motion_inputs, tiny_motion_unet
+
+    torch.manual_seed(0)
+    unet = tiny_motion_unet()
+    latents, _, ehs = motion_inputs(batch=1, frames=a.frames, size=a.size)
+
+    def run():
+        return denoise(unet, latents, ehs, a.steps)
+
+    rows = []
+    for run_index in range(a.runs):
+        rows += [dict(r, run=run_index) for r in measure(unet, run, a, thresholds)]
+    if a.runs == 1:
+        print(f"\n| config | CPU s / call | speed-up | steps rehashed of {a.steps} | max abs diff | PSNR dB |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['config']} | {r['cpu_s']} | {r['speedup']}x | {r['rehashed']} | {r['max_abs']} | {r['psnr']} |")
+    else:
+        print(f"\n| config | CPU s / call (median) | speed-up median (min-max over {a.runs} runs) | verdict | "
+              f"steps rehashed of {a.steps} | max abs diff | PSNR dB |")
+        print("|---|---|---|---|---|---|---|")
+        for r in verdicts(rows):
+            print(f"| {r['config']} | {r['cpu_s']} | {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f}) | "
+                  f"{r['verdict'] or ''} | {r['rehashed']} | {r['max_abs']} | {r['psnr']} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=1)

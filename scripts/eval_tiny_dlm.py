@@ -1,4 +1,4 @@
-"""Per-task and per-suite accuracy of tiny DLM checkpoints on the TEST split of the task suites.
+"""Per-task and per-suite accuracy of tiny DLM checkpoints on the test (default) or validation split.
 
 Decodes with `dlm.generate` (confidence sampler, greedy) and scores each output with its task's
 verifier. `--steps` takes a list of forward-pass budgets, so one run gives the quality curve over
@@ -9,6 +9,14 @@ accuracy), and `--model` takes a list, so checkpoints are compared on the same e
     python scripts/eval_tiny_dlm.py                       # shipped checkpoint, 50 per task, 64 steps
     python scripts/eval_tiny_dlm.py --steps 64,32,16,8 --eos-stop --n 24 \
         --model tiny-dlm,/tmp/tiny_dlm_run --json /tmp/eval.json
+    # choosing between checkpoints: the validation split, never the test split
+    python scripts/eval_tiny_dlm.py --split val --n 50 --model /tmp/run_a,/tmp/run_b
+
+Splits (`dlm.tasks.subset_of`): "test" is one prompt in ten; "val" is one in ten of the rest, left out of
+training by scripts/train_tiny_dlm.py. `--exclude SEED:N` drops the prompts of an earlier draw (the first
+N per task at SEED) and draws others in their place: a report on test prompts that took no part in
+choosing a checkpoint that was chosen on test prompts (the shipped tiny-dlm: seed 0, up to 200 per task,
+and the training runs' own evaluation, seed 123).
 """
 from __future__ import annotations
 
@@ -91,12 +99,36 @@ def resolve_model(name: str | None) -> str | None:
     return BUILTIN_MODELS.get(name, name)
 
 
+def parse_exclude(text: str) -> list[tuple[int, int]]:
+    """'0:200,123:16' -> [(0, 200), (123, 16)] (seed, examples per task); '' -> []."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        seed, sep, n = item.partition(":")
+        if not sep or not seed.strip().lstrip("-").isdigit() or not n.strip().isdigit():
+            raise ValueError(f"--exclude: expected SEED:N entries separated by commas, got {item!r}")
+        out.append((int(seed), int(n)))
+    return out
+
+
+def draw_examples(task, split: str, n: int, seed: int, exclude: list[tuple[int, int]]) -> list:
+    """`n` distinct examples of `split` at `seed`, none of them among the first N per task drawn at an
+    excluded (SEED, N). Deterministic: the draw at `seed` with the excluded prompts skipped."""
+    banned = {ex.prompt for s, k in exclude for ex in task.examples(split, k, seed=s)}
+    if not banned:
+        return task.examples(split, n, seed=seed)
+    pool = task.examples(split, n + len(banned), seed=seed)
+    kept = [ex for ex in pool if ex.prompt not in banned][:n]
+    if len(kept) < n:
+        raise ValueError(f"task {task.name!r}: fewer than {n} {split} prompts outside the excluded draws")
+    return kept
+
+
 def evaluate(model, tok, tasks, steps: int, args) -> dict:
     """Accuracy of one model at one step budget: {task: {"accuracy", "n", "nfe", "samples"}}."""
     run = argparse.Namespace(**{**vars(args), "steps": steps})
     results = {}
     for task in tasks:
-        exs = task.examples("test", args.n, seed=args.seed)
+        exs = draw_examples(task, args.split, args.n, args.seed, args.exclude)
         outs, nfe, batches = [], 0, 0
         for i in range(0, len(exs), args.batch_size):
             chunk = exs[i:i + args.batch_size]
@@ -165,7 +197,11 @@ def main(argv=None):
     ap.add_argument("--model", default="tiny-dlm",
                     help="checkpoint dir or built-in name; several, comma-separated, are compared")
     ap.add_argument("--suite", default="all")
-    ap.add_argument("--n", type=int, default=50, help="test examples per task")
+    ap.add_argument("--n", type=int, default=50, help="examples per task")
+    ap.add_argument("--split", choices=("test", "val"), default="test",
+                    help="test: report; val: choose checkpoints and settings (never on test)")
+    ap.add_argument("--exclude", default="",
+                    help="SEED:N[,SEED:N...]: leave out the prompts of these earlier draws (first N per task at SEED)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--block-length", type=int, default=32)
@@ -188,6 +224,7 @@ def main(argv=None):
     try:
         steps_list = parse_steps(args.steps)
         tasks = get_suite(args.suite)
+        args.exclude = parse_exclude(args.exclude)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -208,6 +245,8 @@ def main(argv=None):
         for steps in steps_list:
             print(f"{name}: steps={steps} (a budget of {args.gen_length / steps:g} tokens per forward)", flush=True)
             results[name][steps] = evaluate(model, tok, tasks, steps, args)
+    print(f"split {args.split}, {args.n} per task, seed {args.seed}"
+          + (f", excluding the draws {', '.join(f'{s}:{k}' for s, k in args.exclude)}" if args.exclude else ""))
     print(curve_table(results, args.gen_length))
     print(f"({time.time() - t_start:.0f}s)")
     if args.json:

@@ -13,7 +13,10 @@ LLaDA's 1/t weighting normalised by R (`inverse-t`).
 Why not LLaDA's recipe as is: at this size and CPU budget, t ~ U(0, 1) with 1/t weighting never
 learned to copy from the prompt (0% on every task after 3,400 steps; on a toy copy task 14% after
 300 steps), while t ~ U(0.5, 1) with a plain mean reached 100% on the toy task by step 200. Fresh
-training-split examples are generated on the fly.
+training-split examples are generated on the fly; validation prompts (`dlm.tasks.is_validation`) are
+left out, and the periodic evaluation (`--eval-n`) reads the validation split, so that a checkpoint is
+chosen on validation prompts and reported on test prompts (`scripts/eval_tiny_dlm.py --split val|test`).
+The shipped checkpoint was trained before this split existed: its training saw validation prompts.
 
 The shipped checkpoint (dlm/tiny/checkpoints/tiny-dlm, "v2.6", 1.29M parameters, 6 layers, the
 prompt cut off from the response) is stage 25d of a sequence of CPU runs (884 minutes on one thread
@@ -47,7 +50,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlm.generate import generate  # noqa: E402
-from dlm.tasks import CHAIN_GEN_LENGTH, PROMPT_SUFFIX, SUITES, get_suite, split_of  # noqa: E402
+from dlm.tasks import CHAIN_GEN_LENGTH, PROMPT_SUFFIX, SUITES, get_suite, subset_of  # noqa: E402
 from dlm.tasks.arithmetic import ArithmeticDrill, pad_numbers  # noqa: E402
 from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel  # noqa: E402
 
@@ -112,9 +115,11 @@ def result_span(answer: str, ids: list[int], rng: random.Random):
 
 
 def sample_train_example(task, rng: random.Random):
+    """A fresh example of the train split: neither a test prompt nor a validation one (`subset_of`),
+    so the checkpoint chosen on the validation split never saw its prompts."""
     while True:
         ex = task._make(rng)
-        if split_of(ex.prompt) == "train":
+        if subset_of(ex.prompt) == "train":
             return ex
 
 
@@ -184,6 +189,7 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
     # semi-autoregressive rows
     semi = torch.rand(B, generator=gen) < semi_ar
     pos = torch.arange(R)
+    block_start = torch.zeros(B, dtype=torch.long)  # semi-AR rows: where the current block starts
     for i in torch.nonzero(semi).flatten().tolist():
         b = rng.choice(semi_ar_blocks)
         start = b * rng.randrange(-(-R // b))
@@ -191,6 +197,7 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
         m = (u[i] < t[i]) & (pos >= start) & (pos < end)
         m |= pos >= end
         mask[i] = m
+        block_start[i] = start
     # EOS-revealed rows: every EOS of the response is visible and only answer tokens are masked.
     # Confidence decoding at one token per step commits the (near-certain) EOS padding first and
     # decides the answer last, against a revealed tail; independent masking at ratio t almost never
@@ -199,10 +206,11 @@ def build_batch(tasks, weights, tok, rng: random.Random, batch_size: int, semi_a
         rows = (torch.rand(B, generator=gen) < eos_revealed) & ~semi
         is_eos = clean[:, P:] == tok.eos_token_id
         mask[rows] &= ~is_eos[rows]
-    # at least one masked position per row
+    # at least one masked position per row (a semi-AR row whose last block drew no mask: its block's
+    # first position, so that the row stays a clean prefix followed by masks)
     none = ~mask.any(1)
     if none.any():
-        j = torch.randint(0, R, (B,), generator=gen)
+        j = torch.where(semi, block_start, torch.randint(0, R, (B,), generator=gen))
         mask[none, j[none]] = True
     frac = mask.float().mean(1)
     t_eff = torch.where(semi, frac, t)
@@ -376,10 +384,12 @@ def quick_decode(model, tok, prompts: list[str], steps: int = RESPONSE_LEN, bloc
 
 
 def quick_eval(model, tok, tasks, n_per_task: int, seed: int = 123, steps: int = 32):
+    """Accuracy during training, on the validation split (what a run's progress is judged on; the test
+    split is only read to report a chosen checkpoint, scripts/eval_tiny_dlm.py --split test)."""
     model.eval()
     exs = []
     for t in tasks:
-        exs += [(t, ex) for ex in t.examples("test", n_per_task, seed=seed)]
+        exs += [(t, ex) for ex in t.examples("val", n_per_task, seed=seed)]
     outs = quick_decode(model, tok, [ex.prompt for _, ex in exs], steps=steps, block=32)
     model.train()
     acc = {}

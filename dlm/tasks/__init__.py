@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .arithmetic import Arithmetic, extract_number
 from .base import (MAX_ANSWER_CHARS, MAX_PROMPT_CHARS, PROMPT_SUFFIX, Example, Task,
-                   format_prompt, split_of)
+                   format_prompt, is_validation, split_of, subset_of)
 from .chains import CHAIN_GEN_LENGTH, CHAIN_TASKS, HARD_CHAIN_TASKS
 from .list_edits import LIST_EDIT_TASKS, NAMES
 from .puzzles import Latin, Sudoku
@@ -65,6 +65,6 @@ def get_suite(name: str) -> list[Task]:
                      f"(or a task: {', '.join(TASK_NAMES)})")
 
 
-__all__ = ["Example", "Task", "SUITES", "TASK_NAMES", "get_task", "get_suite", "split_of",
+__all__ = ["Example", "Task", "SUITES", "TASK_NAMES", "get_task", "get_suite", "split_of", "is_validation", "subset_of",
            "format_prompt", "PROMPT_SUFFIX", "MAX_ANSWER_CHARS", "MAX_PROMPT_CHARS",
            "extract_number", "NAMES", "suite_gen_length", "tasks_gen_length", "DEFAULT_GEN_LENGTH", "CHAIN_GEN_LENGTH"]

@@ -1,9 +1,11 @@
 """Shared pieces of the verifiable task suites: the example record, the task interface and the
 held-out split.
 
-Split: a prompt belongs to the test split iff `sha1(prompt) % 10 == 0`, so membership depends on
-the prompt text alone (stable across seeds, processes and Python versions) and the two splits
-never share a prompt.
+Splits: a prompt belongs to the test split iff `sha1(prompt) % 10 == 0` (`split_of`), so membership
+depends on the prompt text alone (stable across seeds, processes and Python versions). Of the other
+prompts, about one in ten (another slice of the same hash, `is_validation`) is the validation split:
+kept out of training and used to choose checkpoints and decoding settings, so the test split is read
+only to report. The three splits never share a prompt.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Optional
 PROMPT_SUFFIX = "\n"
 MAX_ANSWER_CHARS = 63   # the answer plus at least one EOS fits the default 64-token generation
 MAX_PROMPT_CHARS = 72
-SPLITS = ("train", "test")
+SPLITS = ("train", "val", "test")
 
 
 def format_prompt(prompt: str) -> str:
@@ -27,9 +29,23 @@ def format_prompt(prompt: str) -> str:
 
 
 def split_of(prompt: str) -> str:
-    """'test' for about one prompt in ten (by a stable hash of the text), else 'train'."""
+    """'test' for about one prompt in ten (by a stable hash of the text), else 'train' (which holds the
+    validation prompts too: see `is_validation` and `subset_of`)."""
     h = int.from_bytes(hashlib.sha1(prompt.encode("utf-8")).digest()[:8], "big")
     return "test" if h % 10 == 0 else "train"
+
+
+def is_validation(prompt: str) -> bool:
+    """True for about one in ten prompts (a different slice of sha1 from `split_of`'s first 8 bytes);
+    the validation split is the train-split prompts for which it holds."""
+    h = int.from_bytes(hashlib.sha1(prompt.encode("utf-8")).digest()[8:16], "big")
+    return h % 10 == 0
+
+
+def subset_of(prompt: str) -> str:
+    """'test', 'val' or 'train': the split a prompt belongs to, training excluding validation."""
+    split = split_of(prompt)
+    return "val" if split == "train" and is_validation(prompt) else split
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,7 @@ class Task:
                     f"task {self.name!r} could not produce {n} distinct {split} examples "
                     f"(got {len(out)}); ask for fewer or pass unique=False")
             ex = self._make(rng)
-            if split_of(ex.prompt) != split or (unique and ex.prompt in seen):
+            if subset_of(ex.prompt) != split or (unique and ex.prompt in seen):
                 continue
             seen.add(ex.prompt)
             out.append(ex)

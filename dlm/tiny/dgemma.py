@@ -11,12 +11,13 @@ the weights. A prompt is encoded as for tiny-dlm, `encode_prompt(tok, text)`: `t
     tok.decode(out.sequences[0, ids.shape[1]:])     # "cyd bo ana"
 
 The held-out splits: `dlm.tasks.split_of` puts one prompt in ten in "test"; of the rest, one in ten
-(`is_validation`) is kept out of training to tune generation_config.json on.
+(`dlm.tasks.is_validation`, the "val" split) is kept out of training to tune generation_config.json on.
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
+
+from dlm.tasks.base import is_validation  # noqa: F401  (the validation split; re-exported)
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints" / "tiny-dgemma"
 PAD_ID, EOS_ID = 0, 2   # TinyCharTokenizer's special ids (<pad>, <mask>, <eos>); <mask> is unused here
@@ -52,14 +53,6 @@ def tiny_dgemma_config(vocab_size: int, hidden_size: int = 128, layers: int = 4,
     return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=canvas_length)
 
 
-def is_validation(prompt: str) -> bool:
-    """True for about one train-split prompt in ten: kept out of training, used to tune decoding.
-
-    Uses a different hash slice from `split_of` (which takes the first 8 bytes of sha1), so the
-    validation set is a stable, prompt-only subset of the train split.
-    """
-    h = int.from_bytes(hashlib.sha1(prompt.encode("utf-8")).digest()[8:16], "big")
-    return h % 10 == 0
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:

@@ -100,6 +100,9 @@ def pndm_steps_for_nfe(nfe: int, skip_prk_steps: bool = False) -> int:
     return nfe // 4
 
 
+IMG2IMG_RESUME = ("diffusers", "grid")
+
+
 class Call(NamedTuple):
     """One planned model call: evaluate at ``t_eval``, then move ``x_from_start`` or ``x`` from level
     ``t_from`` to ``t_to`` (``-1`` = ``final_alpha_cumprod``). ``kind`` is one of ``prk0..prk3`` (Runge-Kutta
@@ -155,14 +158,53 @@ def _diffusers_plan(ts: Sequence[int], skip_prk_steps: bool, T: int) -> List[Cal
     return plan + [Call(int(t), "plms", int(t), int(t) - r) for t in ts[3:]]
 
 
+def _diffusers_resumed_plan(calls: Sequence[int], grid: Sequence[int], skip_prk_steps: bool, T: int) -> List[Call]:
+    """The calls diffusers' ``PNDMScheduler`` makes when a pipeline enters part-way (img2img: the pipeline
+    loops over ``timesteps[begin_index:]``; diffusers' PNDM has no ``set_begin_index``).
+
+    Its call counter starts again at 0 at the first remaining call, and each call is taken by the rule
+    for that counter value, with the timestep the pipeline passes:
+
+    - counter < 12 with the PRK warm start: Runge-Kutta stage ``counter % 4``, from the level of the
+      *full* grid's ``counter // 4``-th point (``prk_timesteps[counter // 4 * 4]``) to ``t - T//N//2``
+      (stages 0, 2) or ``t`` (stages 1, 3);
+    - otherwise, diffusers' ``step_plms``: counter 0 a transfer ``t -> t - T//N`` (Heun start), counter 1
+      the Heun average re-taken from ``t + T//N`` to ``t``, later calls Adams-Bashforth ``t -> t - T//N``.
+
+    So the sample's level and the level the step assumes differ after the entry (the warm start restarts
+    from the top of the grid); reproducing it keeps the drop-in promise, same config same images
+    (``img2img_resume="grid"`` is the on-the-ODE alternative, :func:`_resumed_plan`).
+
+    Args:
+        calls: timesteps of the remaining calls, in order.
+        grid: the full descending grid of ``set_timesteps(N)`` (``N = len(grid)``).
+    """
+    r = T // len(grid)
+    h = r // 2
+    plan: List[Call] = []
+    for counter, t in enumerate(int(u) for u in calls):
+        if not skip_prk_steps and counter < 12:
+            stage = counter % 4
+            plan.append(Call(t, f"prk{stage}", int(grid[counter // 4]), t if stage % 2 else t - h))
+        elif counter == 0:
+            plan.append(Call(t, "heun0", t, t - r))
+        elif counter == 1:
+            plan.append(Call(t, "heun1", t + r, t))
+        else:
+            plan.append(Call(t, "plms", t, t - r))
+    return plan
+
+
 def _resumed_plan(calls: Sequence[int]) -> List[Call]:
-    """Plan for a pipeline that enters the call list part-way (img2img: ``timesteps[begin_index:]``).
+    """Plan for a pipeline that enters the call list part-way (img2img: ``timesteps[begin_index:]``)
+    with ``img2img_resume="grid"``, and on grids diffusers has no counterpart for (custom ``timesteps``,
+    PRK with fewer than 4 steps).
 
     Each distinct timestep of the remaining calls is a grid point and is stepped to the next one by PLMS
     (its history starts empty there); a call whose timestep the next call repeats (what is left of a
     warm start) leaves the sample unchanged, since the model is about to be evaluated at the same
     point again. This keeps every model call on the level its sample is at (diffusers' PNDM instead
-    counts its warm start again from the new start and labels the following calls one grid step off)."""
+    restarts its warm start from the top of the grid, :func:`_diffusers_resumed_plan`)."""
     plan = []
     for j, t in enumerate(calls):
         t = int(t)
@@ -180,7 +222,10 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
     ``timesteps`` lists one entry per model call (so it is longer than ``num_inference_steps``: ``N + 9``
     with the PRK warm start, ``N + 1`` with ``skip_prk_steps=True``); a pipeline's loop over
     ``scheduler.timesteps`` makes exactly those calls. ``step`` must be called once per entry, in order;
-    img2img pipelines enter part-way through ``set_begin_index`` (see :func:`_resumed_plan`).
+    img2img pipelines enter part-way through ``set_begin_index``: by default the remaining calls are
+    diffusers' own (:func:`_diffusers_resumed_plan`, same images as ``PNDMScheduler``);
+    ``img2img_resume="grid"`` steps each remaining grid point by PLMS instead (:func:`_resumed_plan`:
+    stays on the ODE, not diffusers' images).
     Prediction types: ``epsilon``, ``v_prediction``, ``sample``. As in diffusers, the model outputs
     themselves are combined (Runge-Kutta / Adams-Bashforth weights) and the combination is converted to
     a noise estimate at the step's start sample and level.
@@ -204,8 +249,14 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         steps_offset: int = 0,
         rescale_betas_zero_snr: bool = False,
         fitted_schedule: Optional[str] = None,
+        img2img_resume: str = "diffusers",
     ):
         check_prediction_type(prediction_type, ("epsilon", "v_prediction", "sample"), type(self).__name__)
+        if img2img_resume not in IMG2IMG_RESUME:
+            raise ValueError(
+                f"img2img_resume must be one of {IMG2IMG_RESUME}, got {img2img_resume!r}: 'diffusers' gives "
+                "diffusers' PNDMScheduler's img2img images, 'grid' steps the remaining grid by PLMS (on the ODE)"
+            )
         if fitted_schedule is not None:
             load_schedule(fitted_schedule)  # fail now, naming the shipped schedules, not at set_timesteps
         self.betas, self.alphas_cumprod = make_schedule(
@@ -218,6 +269,7 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self.timesteps = torch.from_numpy(np.arange(num_train_timesteps)[::-1].copy())
         self._plan: List[Call] = []
         self._grid: List[int] = []
+        self._diffusers_grid = False  # the plan is diffusers' (set_timesteps(N) on a grid it accepts)
         self._reset()
 
     # ------------------------------------------------------------------ NFE accounting
@@ -238,6 +290,7 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         self._history: List[torch.Tensor] = []  # raw model output at the start of each past step
         self._x_start = None  # sample at the start of the current multi-call step
         self._acc = None  # weighted sum of Runge-Kutta stages (raw model outputs)
+        self._guessed_entry = None  # entry taken from a first timestep that also precedes it (see _check_call)
 
     def set_timesteps(
         self,
@@ -259,15 +312,17 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
             timesteps = fitted_or_default(self.config, "plms" if skip else "pndm", num_inference_steps)
         if timesteps is not None:
             ts = custom_timesteps(timesteps, T)
-            plan = _grid_plan(ts, skip)
+            plan, diffusers_grid = _grid_plan(ts, skip), False
         else:
             ts = vp_timesteps(num_inference_steps, T, self.config.timestep_spacing, self.config.steps_offset)
             # diffusers' PRK warm start needs 4 grid points; below that only our own grid plan exists.
-            plan = _diffusers_plan(ts, skip, T) if (skip or len(ts) >= 4) else _grid_plan(ts, skip)
-        self._set_plan([int(t) for t in ts], plan, device)
+            diffusers_grid = skip or len(ts) >= 4
+            plan = _diffusers_plan(ts, skip, T) if diffusers_grid else _grid_plan(ts, skip)
+        self._set_plan([int(t) for t in ts], plan, device, diffusers_grid)
 
-    def _set_plan(self, grid: Sequence[int], plan: List[Call], device=None):
+    def _set_plan(self, grid: Sequence[int], plan: List[Call], device=None, diffusers_grid: bool = False):
         self._reset()
+        self._diffusers_grid = diffusers_grid
         self.num_inference_steps = len(grid)
         self._grid = list(grid)
         self._plan = plan
@@ -279,7 +334,9 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
 
     def set_begin_index(self, begin_index: int = 0):
         """Enter the call list at ``timesteps[begin_index]`` (img2img pipelines call this after slicing
-        ``timesteps``); the remaining calls are re-planned by :func:`_resumed_plan`."""
+        ``timesteps``). The remaining calls are re-planned as diffusers' ``PNDMScheduler`` takes them
+        (:func:`_diffusers_resumed_plan`), or with ``img2img_resume="grid"``, and on grids diffusers does
+        not offer (custom ``timesteps``, PRK with fewer than 4 steps), by :func:`_resumed_plan`."""
         if self.num_inference_steps is None:
             raise ValueError("call set_timesteps() before set_begin_index()")
         full = self.timesteps.tolist()
@@ -288,9 +345,29 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         if begin_index > 0:
             self._reset()
             self._plan = [Call(c.t_eval, "skipped", c.t_from, c.t_to) for c in self._plan[:begin_index]]
-            self._plan += _resumed_plan(full[begin_index:])
+            if self._resumes_as_diffusers():
+                T = self.config.num_train_timesteps
+                self._plan += _diffusers_resumed_plan(full[begin_index:], self._grid, self.config.skip_prk_steps, T)
+            else:
+                self._plan += _resumed_plan(full[begin_index:])
             self._call = begin_index
         self._begin_index = begin_index
+
+    def _resumes_as_diffusers(self) -> bool:
+        return self._diffusers_grid and self.config.img2img_resume == "diffusers"
+
+    def _maybe_enter_one_earlier(self, t: int):
+        """The entry guessed from the first timestep alone is the later of two equal timesteps; a pipeline
+        that sliced at the earlier one passes that timestep again now. With diffusers' resume the call
+        already taken is the same in both plans (counter 0 at that timestep), so re-plan from the earlier
+        entry and go on with the state it left."""
+        entry, self._guessed_entry = self._guessed_entry, None
+        if t != int(self.timesteps[entry]) or t == self._plan[self._call].t_eval:
+            return
+        state = (self._history, self._x_start, self._acc)
+        self.set_begin_index(entry - 1)
+        self._history, self._x_start, self._acc = state
+        self._call = entry
 
     def scale_model_input(self, sample: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return sample
@@ -305,7 +382,12 @@ class PNDMSolver(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         if self._call == 0 and self._begin_index is None and t != self._plan[0].t_eval and t in self.timesteps.tolist():
             # A pipeline that sliced timesteps for img2img without calling set_begin_index: enter at the
             # last call with this timestep (the step that starts there).
-            self.set_begin_index(len(self.timesteps) - 1 - self.timesteps.tolist()[::-1].index(t))
+            entry = len(self.timesteps) - 1 - self.timesteps.tolist()[::-1].index(t)
+            self.set_begin_index(entry)
+            if self._resumes_as_diffusers() and int(self.timesteps[entry - 1]) == t:
+                self._guessed_entry = entry
+        elif self._guessed_entry is not None and self._call == self._guessed_entry + 1:
+            self._maybe_enter_one_earlier(t)
         if self._call >= len(self._plan):
             raise ValueError("step() called more times than there are timesteps; call set_timesteps() again")
         call = self._plan[self._call]

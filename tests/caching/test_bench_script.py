@@ -75,6 +75,46 @@ def test_tiny_run_writes_rows_plot_and_head_to_head(bench, tmp_path, paired):
     assert json.loads((out / "head_to_head.json").read_text()) == []  # no diffusers rows
 
 
+def test_spread_calls_a_gain_only_beyond_the_never_skip_band(bench):
+    rows = []
+    for run, (never, a, b, c) in enumerate([(0.90, 1.30, 1.05, 0.70), (1.10, 1.20, 0.95, 0.80), (1.00, 1.25, 1.12, 0.85)]):
+        rows += [dict(_row("uncached", 1.0, math.inf), run=run, seconds=2.0, accuracy=None),
+                 dict(_row("never-skip", never, math.inf), run=run, seconds=2.0, accuracy=None),
+                 dict(_row("block:a", a, 50.0), run=run, seconds=1.6, accuracy=None),   # slowest run 1.20 > 1.10
+                 dict(_row("block:b", b, 50.0), run=run, seconds=1.9, accuracy=None),   # 0.95-1.12: inside the band
+                 dict(_row("block:c", c, 50.0), run=run, seconds=2.6, accuracy=None)]   # fastest 0.85 < 0.90
+    rows.append(dict(model="pixart", steps=20, cache="diffusers X", error="IndexError: x", run=0))
+    table = {r["cache"]: r for r in bench.spread(rows)}
+    assert table["never-skip"]["min"] == 0.90 and table["never-skip"]["max"] == 1.10
+    assert [table[k]["verdict"] for k in ("block:a", "block:b", "block:c")] == ["gain", "noise", "loss"]
+    assert table["block:a"]["median"] == 1.25 and table["block:a"]["speedups"] == [1.30, 1.20, 1.25]
+    assert table["diffusers X"]["error"] == "IndexError: x"
+    md = bench.spread_markdown(list(table.values()))
+    assert "| pixart | 20 | block:a | 1.6 | 1.25x (1.20-1.30) | gain | 50.0 |  |" in md
+    # the band pools every model's never-skip rows: another model's 1.25 widens it, block:a is then noise
+    other = [dict(_row("never-skip", 1.25, math.inf, model="digits"), run=0, seconds=1.0, accuracy=None)]
+    assert {r["cache"]: r for r in bench.spread(rows + other)}["block:a"]["verdict"] == "noise"
+    # and a band below 1 does not make a row that reads under 1.0 in some run a gain
+    low = [dict(_row("never-skip", 0.8, math.inf, model="x"), run=0, seconds=1.0, accuracy=None)]
+    below = [dict(_row("block:e", up, 50.0), run=run, seconds=1.0, accuracy=None) for run, up in enumerate((0.97, 1.3))]
+    kept = [r for r in rows if r["cache"] != "never-skip"]
+    assert {r["cache"]: r for r in bench.spread(kept + low + below)}["block:e"]["verdict"] == "noise"
+
+
+def test_runs_repeat_every_row_and_write_the_spread(bench, tmp_path):
+    out = tmp_path / "r"
+    assert bench.main(["--models", "digits", "--steps", "3", "--repeats", "1", "--digit-repeats", "1", "--runs", "2",
+                       "--caches", "none", "--extra", "block:threshold=10,warmup_steps=1", "--no-diffusers",
+                       "--out", str(out)]) == 0
+    rows = json.loads((out / "caching.json").read_text())
+    assert [(r["run"], r["cache"]) for r in rows] == [
+        (run, c) for run in (0, 1) for c in ("uncached", "never-skip", "block:threshold=10,warmup_steps=1")]
+    table = json.loads((out / "spread.json").read_text())
+    assert [r["runs"] for r in table] == [2, 2, 2]
+    assert table[2]["verdict"] in ("gain", "noise", "loss")
+    assert "min-max over runs" in (out / "spread.md").read_text()
+
+
 def test_mag_cache_rows_calibrate_on_their_first_call_then_skip(bench):
     from tests.caching.tiny import sample, tiny_pixart
 

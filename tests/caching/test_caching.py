@@ -19,15 +19,17 @@ SKIPPING = [caching.BlockCacheConfig(threshold=10.0, warmup_steps=2, max_cached_
 MODELS = {"unet": tiny_unet, "pixart": tiny_pixart, "sd3": tiny_sd3}
 
 
-def applies(model, config) -> bool:
-    if isinstance(config, caching.BlockCacheConfig) and hasattr(model, "up_blocks"):
+def applies(name: str, config) -> bool:
+    if isinstance(config, caching.BlockCacheConfig) and name == "unet":
         return False  # no transformer_blocks list
-    if isinstance(config, caching.TGateConfig) and type(model).__name__.startswith("SD3"):
+    if isinstance(config, caching.TGateConfig) and name == "sd3":
         return False  # joint attention, no cross-attention
     return True
 
 
-CASES = [(m, c) for m in MODELS for c in range(len(NEVER_SKIP))]
+CASES = [(m, c) for m in MODELS for c in range(len(NEVER_SKIP)) if applies(m, NEVER_SKIP[c])]
+REFUSED = [(m, c) for m in MODELS for c in range(len(NEVER_SKIP)) if not applies(m, NEVER_SKIP[c])]
+assert len(CASES) == 10 and len(REFUSED) == 2 and all(applies(m, SKIPPING[c]) for m, c in CASES)
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +37,19 @@ def models():
     return {k: f() for k, f in MODELS.items()}
 
 
-@pytest.mark.parametrize("name,ci", CASES)
-def test_never_skip_is_exact_and_removal_restores(models, name, ci):
-    model, cfg = models[name], NEVER_SKIP[ci]
-    if not applies(model, cfg):
+@pytest.mark.parametrize("name,ci", REFUSED)
+def test_a_cache_that_does_not_apply_is_refused_and_attaches_nothing(models, name, ci):
+    model = models[name]
+    for cfg in (NEVER_SKIP[ci], SKIPPING[ci]):
         with pytest.raises(ValueError, match="use "):
             caching.apply(model, cfg)
         assert not hasattr(model, "_diffusers_hook")  # nothing half-attached
-        return
+        assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.parametrize("name,ci", CASES)
+def test_never_skip_is_exact_and_removal_restores(models, name, ci):
+    model, cfg = models[name], NEVER_SKIP[ci]
     ref = sample(model, STEPS)
     tracker = caching.apply(model, cfg)
     assert torch.equal(sample(model, STEPS), ref)
@@ -56,8 +63,6 @@ def test_never_skip_is_exact_and_removal_restores(models, name, ci):
 @pytest.mark.parametrize("name,ci", CASES)
 def test_skipping_is_exact_before_first_skip_repeatable_and_resets(models, name, ci):
     model, cfg = models[name], SKIPPING[ci]
-    if not applies(model, cfg):
-        return
     # every cache here computes the first two steps fully: two-step runs are exact
     ref2, ref = sample(model, 2), sample(model, STEPS)
     init = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(5))

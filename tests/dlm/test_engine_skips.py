@@ -1,5 +1,10 @@
 """The driver computes nothing that cannot change the answer: per-step EOS stop and block-causal
-windows must give exactly the tokens of the plain loop."""
+windows must give exactly the tokens of the plain loop.
+
+Most references here are our own loop with the feature off (`eos_early_stop=False`, the whole sequence
+fed): regression checks that a skip changes no token, not evidence that the loop itself is right. The
+loop's tokens are pinned independently by the exact answers of `RowEos` and by
+`test_eos_stop_equals_a_confidence_loop_written_here` (greedy LLaDA-style decoding in plain torch)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -35,7 +40,8 @@ class RowEos(torch.nn.Module):
 
 
 def _reference(model, ids, **kw):
-    """The plain loop without any EOS stop, then the EOS fill the early stop promises."""
+    """The plain loop without any EOS stop, then the EOS fill the early stop promises (our own loop with
+    the feature off: a regression reference)."""
     out = dlm.generate(model, ids, eos_early_stop=False, **kw)
     x = out.sequences.clone()
     _stop_at_eos(x, torch.arange(x.shape[0]), ids.shape[1], x.shape[1], model.config.eos_token_id)
@@ -50,6 +56,57 @@ def test_finished_rows_leave_the_batch_inside_a_block():
     assert [len(r) for r in model.rows_seen] == [3, 3, 2, 2, 1, 1, 1]
     assert out.nfe == 7
     assert torch.equal(out.sequences, _reference(RowEos(4, [1, 3, 6]), ids, gen_length=8, block_length=8, steps=8, sampler="confidence"))
+    # and the exact answer: row r is n[r] fives, then EOS
+    answer = torch.tensor([[5] * n + [8] * (8 - n) for n in (1, 3, 6)])
+    assert torch.equal(out.sequences[:, 4:], answer)
+
+
+def _decode_by_hand(model, ids, gen_length, block_length, steps, score):
+    """Greedy masked-diffusion decoding written out (LLaDA's low-confidence remasking, Nie et al. 2025):
+    blocks left to right, each with `steps / blocks` forwards; a step commits, among the block's masked
+    positions, the `ceil(masks left / steps left)` with the highest `score(probs)` (their argmax token);
+    finally everything after a row's first EOS becomes EOS (what an EOS stop promises)."""
+    mask, eos = model.config.mask_token_id, model.config.eos_token_id
+    P = ids.shape[1]
+    x = torch.cat([ids, torch.full((ids.shape[0], gen_length), mask)], dim=1)
+    per_block = steps // (gen_length // block_length)
+    with torch.no_grad():
+        for start in range(P, P + gen_length, block_length):
+            for step in range(per_block):
+                logits = model(x).logits.double()
+                logits[..., mask] = float("-inf")
+                probs = logits.softmax(-1)
+                for row in range(x.shape[0]):
+                    masked = (x[row, start:start + block_length] == mask).nonzero().flatten() + start
+                    if len(masked) == 0:
+                        continue
+                    k = -(-len(masked) // (per_block - step))
+                    ranked = sorted(masked.tolist(), key=lambda j: (-score(probs[row, j]), j))
+                    for j in ranked[:k]:
+                        x[row, j] = probs[row, j].argmax()
+    gen = x[:, P:]
+    for row in range(gen.shape[0]):
+        hits = (gen[row] == eos).nonzero()
+        if len(hits):
+            gen[row, int(hits[0]) + 1:] = eos
+    return x
+
+
+SCORES = {"confidence": lambda p: p.max().item(),
+          "margin": lambda p: (lambda t: (t[0] - t[1]).item())(p.topk(2).values),
+          "entropy": lambda p: (p * p.clamp_min(1e-300).log()).sum().item()}  # higher = lower entropy
+
+
+@pytest.mark.parametrize("sampler", list(SCORES))
+@pytest.mark.parametrize("gen_length,block_length,steps", [(16, 16, 16), (24, 8, 12)])
+def test_eos_stop_equals_a_confidence_loop_written_here(sampler, gen_length, block_length, steps):
+    ids = torch.randint(0, 13, (6, 5), generator=torch.Generator().manual_seed(3))
+    model = _eos_heavy_toy(1)
+    out = dlm.generate(model, ids, gen_length=gen_length, block_length=block_length, steps=steps, sampler=sampler,
+                       eos_early_stop=True)
+    ref = _decode_by_hand(model, ids, gen_length, block_length, steps, SCORES[sampler])
+    assert torch.equal(out.sequences, ref)
+    assert (ref[:, 5:] == model.config.eos_token_id).any(dim=1).sum() >= 3  # rows do finish early here
 
 
 def _eos_heavy_toy(seed: int, factor: float = 3.0) -> ToyDLM:

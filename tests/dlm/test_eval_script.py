@@ -61,7 +61,30 @@ def test_engine_matches_the_scripts_reference_loop(eval_script, tmp_path):
             assert outs == [s["output"] for s in reference[steps]["tasks"][name]["samples"]]
 
 
+def test_validation_split_and_excluded_draws(eval_script, tmp_path, capsys):
+    from dlm.tasks import subset_of
+
+    def one(*extra):  # one cheap budget: the prompts are what is checked here
+        out = tmp_path / "split.json"
+        assert eval_script.main(["--suite", "puzzles", "--n", "2", "--steps", "4", "--show", "0", "--json", str(out),
+                                 *extra]) == 0
+        return json.loads(out.read_text())["models"]["tiny-dlm"]["4"]["tasks"]
+
+    val = one("--split", "val")
+    assert all(subset_of(s["prompt"]) == "val" for t in val.values() for s in t["samples"])
+    # --exclude: test prompts outside an earlier draw (here the seed-0 draw of 5 per task)
+    fresh = one("--exclude", "0:5")
+    for name, r in fresh.items():
+        earlier = {e.prompt for e in get_task(name).examples("test", 5, seed=0)}
+        prompts = [s["prompt"] for s in r["samples"]]
+        assert len(prompts) == 2 and not set(prompts) & earlier
+        assert all(subset_of(p) == "test" for p in prompts)
+    assert "excluding the draws 0:5" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--exclude", "0-200"], "--exclude"),
+    (["--exclude", "a:3"], "--exclude"),
     (["--steps", "64,0"], "--steps"),
     (["--steps", "sixty"], "--steps"),
     (["--suite", "nope"], "unknown suite"),

@@ -1,6 +1,11 @@
 """Per-row EOS stop for lookahead samplers (LoPA): a finished row (an EOS with no mask before it)
 leaves the model's batch and the lookahead calls, with the tokens of the plain loop, a per-row
-forward count that never exceeds the budget, and fewer forwards when rows finish."""
+forward count that never exceeds the budget, and fewer forwards when rows finish.
+
+"The plain loop" is our own loop with the stop off (`eos_early_stop=False`): a regression reference
+(the stop changes no token), not evidence that LoPA decodes right. Where the answer is known exactly
+(`Sequential`: row r is n[r] WORDs, then EOS) the tokens are also checked against it; LoPA's own
+decisions are pinned in tests/samplers/unmasking/test_lopa.py."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -44,8 +49,13 @@ class Sequential(torch.nn.Module):
         return logits
 
 
+def _exact(n: list[int], gen_length: int) -> torch.Tensor:
+    """`Sequential`'s only answer: row r is n[r] WORDs, then EOS to the end. `[R, gen_length]`."""
+    return torch.tensor([[WORD] * k + [EOS] * (gen_length - k) for k in n])
+
+
 def _reference(model, ids, **kw):
-    """The loop without any EOS stop, then the EOS fill the stop promises."""
+    """The loop without any EOS stop, then the EOS fill the stop promises (a regression reference)."""
     out = dlm.generate(model, ids, eos_early_stop=False, **kw)
     x = out.sequences.clone()
     _stop_at_eos(x, torch.arange(x.shape[0]), ids.shape[1], x.shape[1], model.config.eos_token_id)
@@ -72,6 +82,7 @@ def test_finished_rows_leave_lookahead_calls_with_the_same_tokens(branches):
     model = Sequential(3, n)
     out = dlm.generate(model, ids, eos_early_stop=True, return_trace=True, **kw)
     assert torch.equal(out.sequences, ref)
+    assert torch.equal(out.sequences[:, 3:], _exact(n, 16))
     per_row, per_row_branches = _per_row(out, 4)
     # Budget: no row takes part in more passes than the call made, nor than `steps`.
     assert int(per_row.max()) == out.nfe <= 16
@@ -92,7 +103,7 @@ def test_a_single_row_stops_at_its_eos():
     kw = dict(gen_length=16, block_length=16, steps=16, sampler="lopa")
     ref, plain = _reference(Sequential(3, [3]), ids, **kw)
     out = dlm.generate(Sequential(3, [3]), ids, eos_early_stop=True, **kw)
-    assert torch.equal(out.sequences, ref)
+    assert torch.equal(out.sequences, ref) and torch.equal(out.sequences[:, 3:], _exact([3], 16))
     # Up to two tokens per LoPA round: the row is finished after about two rounds, against about
     # eight to fill the whole block; plain threshold takes one pass per token up to the EOS (4).
     assert out.nfe < plain.nfe

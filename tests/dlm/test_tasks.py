@@ -1,7 +1,7 @@
 import pytest
 
 from dlm.tasks import (MAX_ANSWER_CHARS, MAX_PROMPT_CHARS, SUITES, TASK_NAMES, Example,
-                       extract_number, get_suite, get_task, split_of)
+                       extract_number, get_suite, get_task, is_validation, split_of, subset_of)
 from dlm.tiny.tokenizer import TinyCharTokenizer
 
 ALL = list(TASK_NAMES)
@@ -38,6 +38,28 @@ def test_train_test_disjoint(name):
 
 
 @pytest.mark.parametrize("name", ALL)
+def test_validation_split_is_its_own(name):
+    task = get_task(name)
+    val = task.examples("val", 30, seed=0)
+    train = task.examples("train", 200, seed=0)
+    test = task.examples("test", 30, seed=0)
+    # validation prompts: train-split prompts that is_validation picks, never trained on, never test
+    assert all(split_of(e.prompt) == "train" and is_validation(e.prompt) for e in val)
+    assert not any(is_validation(e.prompt) for e in train)
+    assert [subset_of(e.prompt) for e in val + train + test] == ["val"] * 30 + ["train"] * 200 + ["test"] * 30
+    assert not {e.prompt for e in val} & ({e.prompt for e in train} | {e.prompt for e in test})
+
+
+def test_split_shares():
+    # by the hash alone: 10% test, 9% validation (10% of the rest), 81% train
+    prompts = [f"prompt {i}" for i in range(20000)]
+    share = {k: sum(subset_of(p) == k for p in prompts) / len(prompts) for k in ("train", "val", "test")}
+    assert abs(share["test"] - 0.10) < 0.01 and abs(share["val"] - 0.09) < 0.01 and abs(share["train"] - 0.81) < 0.015
+    from dlm.tiny.dgemma import is_validation as dgemma_validation  # tiny-dgemma's split is this one
+    assert dgemma_validation is is_validation
+
+
+@pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("garbage", ["", "   ", "\n\n", "####", "#### x", "?!;", None, "1" * 200])
 def test_garbage_does_not_crash(name, garbage):
     task = get_task(name)
@@ -54,8 +76,8 @@ def test_registry_errors():
     chains = set(SUITES["chains"]) | set(SUITES["chains-hard"])
     assert {t.name for t in get_suite("all")} | chains == set(SUITES["all"]) | chains == set(ALL)
     assert [t.name for t in get_suite("puzzles")] == ["sudoku", "latin"]
-    with pytest.raises(ValueError):
-        get_task("copy").examples("val", 1, 0)
+    with pytest.raises(ValueError, match="split must be one of"):
+        get_task("copy").examples("dev", 1, 0)
 
 
 def _ex(task, prompt, answer, **meta):

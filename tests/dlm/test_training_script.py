@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from dlm.tasks import PROMPT_SUFFIX, get_suite, split_of
+from dlm.tasks import PROMPT_SUFFIX, get_suite, is_validation, split_of, subset_of
 from dlm.tiny import TinyCharTokenizer
 
 from script_loader import load_script  # tests/script_loader.py (tests/ is on sys.path)
@@ -35,7 +35,7 @@ def test_training_batches_hold_only_train_split_prompts(train_script):
             prompt = tok.decode([t for t, k in zip(row, keep) if k])
             assert prompt.endswith(PROMPT_SUFFIX)
             prompt = prompt[: -len(PROMPT_SUFFIX)]
-            assert split_of(prompt) == "train", prompt
+            assert split_of(prompt) == "train" and not is_validation(prompt), prompt
             seen.add(prompt)
         # the loss only looks at masked response positions
         assert (weights[:, :P] == 0).all()
@@ -56,6 +56,15 @@ def test_word_vocabulary_is_learned_from_train_split_only(train_script, monkeypa
     words = train_script.learn_word_vocabulary(get_suite("list_edits"), min_count=3, samples_per_task=8)
     assert calls and all(split_of(p) == "train" for p in calls)
     assert "copy" in words and "reverse" in words
+
+
+def test_periodic_evaluation_reads_the_validation_split(train_script, monkeypatch):
+    seen = []
+    monkeypatch.setattr(train_script, "quick_decode", lambda model, tok, prompts, **kw: seen.extend(prompts) or
+                        [""] * len(prompts))
+    acc, _ = train_script.quick_eval(torch.nn.Linear(1, 1), TinyCharTokenizer(), get_suite("list_edits"), 3)
+    assert len(seen) == 3 * len(get_suite("list_edits")) and set(acc) == {t.name for t in get_suite("list_edits")}
+    assert all(subset_of(p) == "val" for p in seen)
 
 
 def test_task_weight_overrides(train_script):

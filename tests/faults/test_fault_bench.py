@@ -145,15 +145,47 @@ def test_output_folder_that_becomes_unwritable_mid_run(reference, tmp_path, monk
     assert _pairs(out) == reference["task"]
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes through file permissions")
-def test_journal_that_turns_read_only_mid_run(reference, tmp_path, monkeypatch, capsys):
-    out = tmp_path / "out"
-    _stop_after(monkeypatch, 2, lambda: (out / journal_mod.JOURNAL_NAME).chmod(0o444))
+def _disk_full(journal: Path):
+    """The journal's writes fail as on a full disk: its path now leads to /dev/full (ENOSPC on write),
+    as root too. Returns the undo (the journal's lines back, as when space is freed)."""
+    journal.rename(journal.with_suffix(".kept"))
+    journal.symlink_to("/dev/full")
+    return lambda: (journal.unlink(), journal.with_suffix(".kept").rename(journal))
+
+
+def _folder_in_its_place(journal: Path):
+    """The journal's path is taken by a folder (open for append: EISDIR), as root too."""
+    journal.rename(journal.with_suffix(".kept"))
+    journal.mkdir()
+    return lambda: (journal.rmdir(), journal.with_suffix(".kept").rename(journal))
+
+
+def _read_only(journal: Path):
+    """chmod 444: only refuses a non-root writer."""
+    journal.chmod(0o444)
+    return lambda: journal.chmod(0o644)
+
+
+UNWRITABLE = [
+    pytest.param(_disk_full, "No space left on device", id="disk-full",
+                 marks=pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")),
+    pytest.param(_folder_in_its_place, "Is a directory", id="folder-in-its-place"),
+    pytest.param(_read_only, "Permission denied", id="read-only", marks=pytest.mark.skipif(
+        os.name != "posix" or os.geteuid() == 0, reason="root writes through file permissions; the two cases above run as root")),
+]
+
+
+@pytest.mark.parametrize("make_unwritable,message", UNWRITABLE)
+def test_journal_that_turns_unwritable_mid_run(reference, tmp_path, monkeypatch, capsys, make_unwritable, message):
+    out, undo = tmp_path / "out", []
+    _stop_after(monkeypatch, 2, lambda: undo.append(make_unwritable(out / journal_mod.JOURNAL_NAME)))
     assert main(TASK_ARGS + ["--out", str(out)]) == 2
-    assert "Permission denied" in capsys.readouterr().err
-    (out / journal_mod.JOURNAL_NAME).chmod(0o644)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "--resume" in lines[0], lines
+    undo[0]()
     monkeypatch.undo()
     assert main(TASK_ARGS + ["--out", str(out), "--resume"]) == 0
+    assert "reused 2 of 4 pairs" in capsys.readouterr().err
     assert _pairs(out) == reference["task"]
 
 

@@ -2,11 +2,11 @@
 either decodes under the sampler contract (shape, prompt kept, no mask left, budget honoured, ids in
 the vocabulary) or raises ValueError; never another exception type and never a silent wrong shape.
 
-Inputs that today raise another exception type are listed in KNOWN_FAILURES, each pinned by an
-xfail(strict=True) test of its own and kept out of the fuzzing (so the fuzz test keeps checking
-everything else); when `dlm.generate` is fixed, the pinned test passes, strict xfail fails, and the
-entry is deleted. Also here: non-finite logits at a random step raise a ValueError naming the
-block and step.
+No input is known to break that today. The one this fuzzing found (a mask id past the vocabulary: an
+IndexError from the embedding lookup) is fixed and has a test of its own below. Should the fuzzing find
+another that cannot be fixed at once, pin it with an xfail(strict=True) test and keep it out of the
+fuzzing rather than weakening the contract. Also here: non-finite logits at a random step raise a
+ValueError naming the block and step.
 """
 from __future__ import annotations
 
@@ -111,17 +111,7 @@ def calls(draw):
     return ids, kw, mask_kind
 
 
-# ----------------------------------------------------------------------------- known failures
-# (description, predicate over (ids, kwargs, mask_kind), the exception type seen). Filled from what
-# this fuzzing found in dlm/generate.py; each has a pinned xfail test below.
-KNOWN_FAILURES: list[tuple[str, object, type]] = []  # the one found (mask id past the vocabulary) is fixed
-
-
 OUTCOMES: list = []  # the samplers of the calls that decoded (read by the test below)
-
-
-def _known(ids, kw, mask_kind) -> str | None:
-    return next((name for name, pred, _ in KNOWN_FAILURES if pred(ids, kw, mask_kind)), None)
 
 
 def check_contract(out, ids, kw) -> None:
@@ -141,9 +131,6 @@ def check_contract(out, ids, kw) -> None:
 @given(call=calls())
 def test_generate_works_or_raises_value_error(model, call):
     ids, kw, mask_kind = call
-    known = _known(ids, kw, mask_kind)
-    if known is not None:
-        return  # pinned by its own strict xfail test below
     try:
         out = dlm.generate(model, ids, **kw)
     except ValueError:

@@ -293,6 +293,8 @@ def test_solver_from_pipeline_and_oracle_pipeline():
 
 # ---------------------------------------------------------------- functional forms
 def test_functional_forms_equal_schedulers():
+    # A consistency check of the two public forms (a plain function, a scheduler), not of the values:
+    # those are pinned against diffusers here and, for PNDM's custom grids, in test_pndm_reference.py.
     x = _noise(torch.float64)
     for skip in (True, False):
         s = PNDMSolver(skip_prk_steps=skip, set_alpha_to_one=True)

@@ -283,10 +283,15 @@ def _diffusers_in_float64(monkeypatch, sched):
     sched.set_timesteps = set_timesteps
 
 
+# dpmsolver with final_sigmas_type="zero" is refused by both (tested above), so it is not a case here
+SIGMA_GRID_CASES = [(algo, cfg) for algo in ("dpmsolver++", "dpmsolver", "sde-dpmsolver++")
+                    for cfg in (dict(), dict(prediction_type="v_prediction"), dict(beta_schedule="squaredcos_cap_v2"),
+                                dict(solver_order=3, final_sigmas_type="zero"))
+                    if not (algo == "dpmsolver" and cfg.get("final_sigmas_type") == "zero")]
+
+
 @pytest.mark.parametrize("grid", GRIDS)
-@pytest.mark.parametrize("algo", ["dpmsolver++", "dpmsolver", "sde-dpmsolver++"])
-@pytest.mark.parametrize("cfg", [dict(), dict(prediction_type="v_prediction"), dict(beta_schedule="squaredcos_cap_v2"),
-                                 dict(solver_order=3, final_sigmas_type="zero")])
+@pytest.mark.parametrize("algo,cfg", SIGMA_GRID_CASES)
 @pytest.mark.parametrize("steps", [5, 10, 25])
 def test_dpm_sigma_grids_match_diffusers(grid, algo, cfg, steps, monkeypatch):
     # The grids start at the training schedule's largest sigma (157 linear, 594 cosine): there the
@@ -295,22 +300,18 @@ def test_dpm_sigma_grids_match_diffusers(grid, algo, cfg, steps, monkeypatch):
     # therefore made with both computing in float64 (samples, sigmas, coefficients), where they agree
     # to 1e-7; the float32 runs agree to 2e-4 for the data-prediction forms.
     cfg = {"final_sigmas_type": "sigma_min", **cfg, grid: True, "algorithm_type": algo}
-    if algo == "dpmsolver" and cfg["final_sigmas_type"] == "zero":
-        return  # refused by both (tested above)
     ours, ref = _dpm_pair(**cfg)
     a32, b32 = _dpm_loop(ours, steps), _dpm_loop(ref, steps)
     assert ours.timesteps.tolist() == ref.timesteps.tolist() and torch.isfinite(a32).all()
     torch.testing.assert_close(ours.sigmas.float(), ref.sigmas.float(), rtol=1e-6, atol=0)
-    if algo.startswith("sde-"):
-        _close(a32, b32, 2e-4)  # float64 would change diffusers' noise draws, so float32 only
-        return
-    if algo == "dpmsolver++" and cfg.get("beta_schedule") != "squaredcos_cap_v2":
+    if algo.startswith("sde-") or (algo == "dpmsolver++" and cfg.get("beta_schedule") != "squaredcos_cap_v2"):
         _close(a32, b32, 2e-4)
-    _diffusers_in_float64(monkeypatch, ref)
-    a, b = _dpm_loop(ours, steps, dtype=torch.float64), _dpm_loop(ref, steps, dtype=torch.float64)
-    assert ours.timesteps.tolist() == ref.timesteps.tolist()
-    assert a.dtype == b.dtype == torch.float64 and torch.isfinite(a).all()
-    _close(a, b, 1e-7)
+    if not algo.startswith("sde-"):  # the SDE form is checked in float32 only: float64 would change diffusers' noise draws
+        _diffusers_in_float64(monkeypatch, ref)
+        a, b = _dpm_loop(ours, steps, dtype=torch.float64), _dpm_loop(ref, steps, dtype=torch.float64)
+        assert ours.timesteps.tolist() == ref.timesteps.tolist()
+        assert a.dtype == b.dtype == torch.float64 and torch.isfinite(a).all()
+        _close(a, b, 1e-7)
 
 
 @pytest.mark.parametrize("grid", GRIDS)
@@ -474,10 +475,10 @@ def test_short_trained_betas_load_save_like_diffusers_and_refuse_a_grid(name, cf
     if name in ("pndm", "ddim"):
         with pytest.raises(IndexError):
             ref.step(_model(x, ref.timesteps[0]), ref.timesteps[0], x)
-        return
-    for t in ref.timesteps:
-        x = ref.step(_model(x, t), t, x).prev_sample
-    assert not torch.isfinite(x).all()
+    else:
+        for t in ref.timesteps:
+            x = ref.step(_model(x, t), t, x).prev_sample
+        assert not torch.isfinite(x).all()
 
 
 def test_plain_function_schedule_refuses_short_trained_betas_at_once():
@@ -532,17 +533,26 @@ def _off_grid_pairs():
     ]
 
 
-@pytest.mark.parametrize("case", range(7))
-@pytest.mark.parametrize("t", [0, 3, 777])
-@pytest.mark.parametrize("steps", [1, 2, 10, 50, 1000])
+def _off_grid_cases():
+    """(case, t, steps) where t is not on diffusers' grid of that many steps (18 of the 105 combinations
+    are on it, e.g. every t at 1000 steps: those are the ordinary on-grid steps the loops above test)."""
+    out = []
+    for case, (_, ref_cls, cfg) in enumerate(_off_grid_pairs()):
+        for steps in (1, 2, 10, 50, 1000):
+            ref = ref_cls(**cfg)
+            ref.set_timesteps(steps)
+            out += [(case, t, steps) for t in (0, 3, 777) if t not in ref.timesteps.tolist()]
+    return out
+
+
+@pytest.mark.parametrize("case,t,steps", _off_grid_cases())
 def test_first_step_off_the_grid_is_the_last_step_like_diffusers(case, t, steps):
     ours_cls, ref_cls, cfg = _off_grid_pairs()[case]
     x = _rand(3)
     outs = []
     for s in (ours_cls(**cfg), ref_cls(**cfg)):
         s.set_timesteps(steps)
-        if t in s.timesteps.tolist():
-            return  # on the grid: covered by the loops above
+        assert t not in s.timesteps.tolist()  # ours has diffusers' grid
         outs.append(s.step(_model(x, t) - 0.3, t, x).prev_sample)
         assert s.step_index == steps
     _close(*outs, 2e-4)
