@@ -119,23 +119,19 @@ def fused_stats_wanted(logits: torch.Tensor, temperature: float) -> bool:
     """Whether `step_stats` takes the fused path (kernels.decode_stats) for these logits.
 
     Only greedy steps qualify (a sampled x0 needs the full distribution). The environment variable
-    `DLM_FUSED_DECODE` = auto (default) | on | off decides: auto uses it on CUDA tensors when
-    Triton is available. On CPU it is opt-in ("on"): the vocabulary-chunked reference holds 5.7-9.7x less
-    memory than the softmax path in a `confidence` step at a 126k vocabulary but takes 1.9-3.4x its
-    time (scripts/bench_kernels.py, two runs), so speed stays the default there.
+    `DLM_FUSED_DECODE` = auto (default) | on | off decides. "auto" keeps the softmax path on every
+    device for now: on CPU the vocabulary-chunked reference holds 5.7-9.7x less memory than the
+    softmax path in a `confidence` step at a 126k vocabulary but takes 1.9-3.4x its time
+    (scripts/bench_kernels.py, two runs), and the Triton kernel has not yet been compiled or timed on
+    a GPU: the GPU report's kernels section (docs/gpu.md) measures it against the softmax path, and
+    "auto" turns it on for CUDA once that measurement says it pays. "on" opts in today.
     """
     mode = os.environ.get("DLM_FUSED_DECODE", "auto").strip().lower()
     if mode not in FUSED_MODES:
         raise ValueError(f"DLM_FUSED_DECODE must be one of {FUSED_MODES}, got {mode!r}; unset it for 'auto'")
     if temperature != 0 or logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
-    if mode != "auto":
-        return mode == "on"
-    if logits.is_cuda:
-        from kernels._backend import triton_available
-
-        return triton_available()
-    return False
+    return mode == "on"
 
 
 def step_stats(logits: torch.Tensor, ctx, margin: bool = False, entropy: bool = False) -> StepStats:
