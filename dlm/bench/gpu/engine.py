@@ -116,6 +116,24 @@ def _syncs_per_step(call, steps: int) -> float:
     return syncs.count / max(steps, 1)
 
 
+def _over_batches(ctx: ReportContext, batches, measure, rows: list, notes: list) -> None:
+    """`rows += measure(batch)` for each batch in order, until the deadline or an out-of-memory error
+    (then the larger batches are skipped); each stop is written in `notes`."""
+    for batch in batches:
+        if ctx.time_left() <= 0:
+            notes.append(f"batch {batch}+: deadline")
+            return
+        try:
+            rows.extend(measure(batch))
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
+            if not _is_oom(error):
+                raise
+            notes.append(f"batch {batch}: out of memory; larger batches skipped")
+            return
+        finally:
+            _release(ctx)
+
+
 def _masked(ctx: ReportContext, s: dict) -> dict:
     import dlm
 
@@ -124,23 +142,15 @@ def _masked(ctx: ReportContext, s: dict) -> dict:
     rows, notes = [], [] if note is None else [note]
     kw = dict(gen_length=s["gen"], block_length=s["block"], steps=s["steps"], sampler="confidence",
               kv_cache="prefix", eos_early_stop=False)
-    for batch in s["masked_batches"]:
-        if ctx.time_left() <= 0:
-            notes.append(f"batch {batch}+: deadline")
-            break
+
+    def measure(batch: int) -> list[dict]:
         gen = torch.Generator(device="cpu").manual_seed(batch)
         ids = torch.randint(0, model.config.mask_token_id, (batch, s["prompt"]), generator=gen).to(ctx.device)
-        try:
-            rows.append(_masked_row(ctx, model, ids, kw, s, compile_step=False))
-            if batch == 1 and (ctx.smoke or ctx.time_left() > 90):
-                rows.append(_masked_row(ctx, model, ids, kw, s, compile_step=True))
-        except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
-            if not _is_oom(error):
-                raise
-            notes.append(f"batch {batch}: out of memory; larger batches skipped")
-            break
-        finally:
-            _release(ctx)
+        out = [_masked_row(ctx, model, ids, kw, s, compile_step=False)]
+        if batch == 1 and (ctx.smoke or ctx.time_left() > 90):
+            out.append(_masked_row(ctx, model, ids, kw, s, compile_step=True))
+        return out
+    _over_batches(ctx, s["masked_batches"], measure, rows, notes)
     del model
     _release(ctx, collect=True)
     return {"model": "llada-8b", "layers": info.layers, "full_layers": info.full_layers, "budget": dict(kw),
@@ -183,19 +193,7 @@ def _uniform(ctx: ReportContext, s: dict) -> dict:
     C, V = int(model.config.canvas_length), int(model.config.text_config.vocab_size)
     gc = _uniform_config(model, s["denoising_steps"], C)
     rows, notes = [], [] if note is None else [note]
-    for batch in s["uniform_batches"]:
-        if ctx.time_left() <= 0:
-            notes.append(f"batch {batch}+: deadline")
-            break
-        try:
-            rows.append(_uniform_row(ctx, model, gc, batch, s, C, V))
-        except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
-            if not _is_oom(error):
-                raise
-            notes.append(f"batch {batch}: out of memory; larger batches skipped")
-            break
-        finally:
-            _release(ctx)
+    _over_batches(ctx, s["uniform_batches"], lambda batch: [_uniform_row(ctx, model, gc, batch, s, C, V)], rows, notes)
     del model
     _release(ctx, collect=True)
     return {"model": "diffusiongemma-26b-a4b", "layers": info.layers, "full_layers": info.full_layers,
