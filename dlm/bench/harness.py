@@ -296,19 +296,32 @@ class _Runner:
 
 
 def _score_experts(experts, chunk, prompt_length, tokenizer, eos_id, task_of, into: dict) -> None:
-    """Add each HEX expert's task scores on this batch to `into[block_length]` (a list)."""
+    """Add each HEX expert's task scores on this batch to `into[block_length]` (a list), and the
+    score of the token-level vote's winner to `into["token_vote"]`."""
+    def score(ex, row):
+        text = tokenizer.decode(_cut_at_eos(row, eos_id), skip_special_tokens=True)
+        return float(task_of[ex.task].score(ex, text))
+
     for e, block in enumerate(experts.block_lengths):
         for ex, row in zip(chunk, experts.sequences[e, :, prompt_length:].tolist()):
-            text = tokenizer.decode(_cut_at_eos(row, eos_id), skip_special_tokens=True)
-            into.setdefault(block, []).append(float(task_of[ex.task].score(ex, text)))
+            into.setdefault(block, []).append(score(ex, row))
+    for r, (ex, w) in enumerate(zip(chunk, experts.token_winner)):
+        into.setdefault("token_vote", []).append(score(ex, experts.sequences[w, r, prompt_length:].tolist()))
 
 
 def _expert_summary(scores: dict, n: int) -> dict:
-    """`extra` of a HEX pair: each expert's quality (as if run alone, same passes) and the best."""
+    """`extra` of a HEX pair: each expert's quality (as if run alone, same passes), the best, and
+    the quality of the vote on generated tokens (the pair's own quality is the vote on the task's
+    parsed answers)."""
     if not scores:
         return {}
+    scores = dict(scores)
+    token_vote = scores.pop("token_vote", None)
     quality = {str(b): 100.0 * sum(v) / len(v) for b, v in sorted(scores.items())}
-    return {"expert_quality": quality, "best_expert_quality": max(quality.values())}
+    out = {"expert_quality": quality, "best_expert_quality": max(quality.values())}
+    if token_vote:
+        out["token_vote_quality"] = 100.0 * sum(token_vote) / len(token_vote)
+    return out
 
 
 def check_spec_blocks(specs: list[SamplerSpec], cfg: BenchConfig, budgets: list[int]) -> None:
