@@ -537,10 +537,11 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
     bad = [s.label for s in specs if s.block_length is not None]
     if bad:
         raise ValueError(f"{', '.join(bad)}: an oracle suite fixes its own block length; drop block=")
-    oracle = suite.build()
+    # a suite whose prompts are drawn (the schedule oracle's scenarios) draws them from the run's seed
+    oracle = suite.build(seed=cfg.seed) if getattr(suite, "seeded", False) else suite.build()
     gen = oracle.gen_length
     block = cfg.block_length if gen % cfg.block_length == 0 else gen
-    temperature = 1.0 if cfg.temperature is None else cfg.temperature
+    temperature = getattr(suite, "temperature", 1.0) if cfg.temperature is None else cfg.temperature
     n = cfg.limit if cfg.limit is not None else suite.num_samples
     if n <= 0:
         raise ValueError("no examples to run: --limit is 0")
@@ -568,16 +569,19 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
                                    sampler=spec.name, sampler_config=spec.option_dict or None, temperature=temperature,
                                    generator=g, kv_cache=kv)
             metrics = suite.evaluate(oracle, out.sequences, seed=cfg.seed).to_dict()
-            if headline == "valid_fraction" or metrics.get("total_variation") is None:
-                quality = 100.0 * metrics["valid_fraction"]
-            else:
-                quality = 100.0 * (1.0 - metrics["total_variation"])
+            quality = _oracle_quality(metrics, headline)
+            experts = {}
+            if out.experts is not None:  # HEX: each expert scored as if run alone (same passes)
+                experts = {str(b): _oracle_quality(suite.evaluate(oracle, out.experts.sequences[e], seed=cfg.seed).to_dict(),
+                                                   headline) for e, b in enumerate(out.experts.block_lengths)}
+                metrics.update(expert_quality=experts, best_expert_quality=max(experts.values()))
             pairs.append(PairResult(
                 sampler=spec.label, budget=budget, engine="dlm", kv_cache=kv, n=n, quality=quality,
                 quality_by_task={suite.name: quality}, nfe=float(out.nfe), nfe_per_call=float(out.nfe),
                 tpf=gen / max(out.nfe, 1), tokens_per_s=n * gen / max(out.seconds, 1e-9), seconds=out.seconds,
                 forward_tokens=out.forward_tokens, peak_mem_mb=mem.peak_mb, mem_method=mem.method,
-                branch_forwards=float(out.branch_forwards), extra={k: _finite(v) for k, v in metrics.items()}))
+                branch_forwards=float(out.branch_forwards),
+                extra={k: (v if isinstance(v, dict) else _finite(v)) for k, v in metrics.items()}))
             if journal is not None:
                 journal.record(pairs[-1])
             bar.update(1)
@@ -588,6 +592,14 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
     if journal is not None:
         journal.finish(result)
     return result
+
+
+def _oracle_quality(metrics: dict, headline: str) -> float:
+    """Quality of an oracle pair: 100 x valid_fraction (the permutation oracle, exact answers), else
+    100 x (1 - total variation)."""
+    if headline == "valid_fraction" or metrics.get("total_variation") is None:
+        return 100.0 * metrics["valid_fraction"]
+    return 100.0 * (1.0 - metrics["total_variation"])
 
 
 def compare_to_baselines(result: BenchResult, tolerance: float = 1.0) -> dict:

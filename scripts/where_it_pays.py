@@ -1,0 +1,311 @@
+"""Where each seed sampler pays (issue 44): every seed sampler on every bed, forwards at equal quality
+against the best baseline frontier, with the spread of repeated runs; one table, one plot.
+
+    python scripts/where_it_pays.py --out runs/where-it-pays            # everything (CPU: about an hour)
+    python scripts/where_it_pays.py --out runs/wip --beds oracle-keyed   # one bed
+    python scripts/where_it_pays.py --report runs/where-it-pays          # the table again, from its JSON
+
+Beds: the tiny-dlm suites (list edits, arithmetic, puzzles: one `dlm bench` run of `all`, read suite
+by suite), chains-hard (tiny-dlm-chains-hard), the tiny-dgemma suites, and the exact oracles
+(permutation, hmm, pivot, and the three beds made for the seed samplers' own arguments: keyed for
+LoPA, runs for Saber, schedules for HEX). Each bed runs in `dlm bench` (`dlm.bench.run_bench`)
+`--repeats` times with seeds 0, 1, ...: other prompts for the task suites and the schedule oracle,
+other draws for the oracles sampled at temperature 1.
+
+On every bed the baselines are `threshold` at tau 0.5 / 0.7 / 0.9 and `confidence` at a quarter,
+half and all of the one-token-per-step budget, plus `random` and `entropy` at those budgets on the
+oracles sampled at temperature 1 (where the exact sampler, random order at one token per step,
+belongs on the frontier). The candidates: `lopa` (default), `lopa:published=true` (with D2F's
+window shown one block ahead when the bed has several blocks, as the released loop sees it),
+`saber` (default), `saber:backtrack=published` (one block, the released layout; masked models
+only) and `hex` (published: every expert gen/2 passes).
+
+For each candidate and repeat: the cheapest baseline pair within 1 point of its quality
+(`dlm.bench.frontier.equal_quality_ratio`), ratio = that pair's forwards / the candidate's. A
+candidate better than every baseline pair is "beyond" the frontier (no ratio: no baseline reaches
+it), one more than 1 point worse than the frontier's cheapest point is "below" (no equal-quality
+comparison). Quality: % exact answers (task suites, schedules), 100 x (1 - TV) on the sampled
+oracles (TV to the exact joint, or to exact laws of run statistics on pivot and runs),
+100 x valid fraction on the permutation oracle. HEX is also read against its own best expert.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dlm.bench import BenchConfig  # noqa: E402
+from dlm.bench.frontier import best_ratio, equal_quality_ratio  # noqa: E402
+from dlm.bench.harness import BenchResult, PairResult, result_suites, run_bench  # noqa: E402
+
+TAUS = (0.5, 0.7, 0.9)
+TOLERANCE = 1.0  # points: the equal-quality rule of dlm.bench.frontier
+
+
+def _bed(name, model, suite, gen, block, limit, sampled=False, masked=True, split=False, experts=5, batch=16):
+    """A bed: its `dlm bench` settings; `gen`/`block` None take the model's; `experts` sets HEX's total."""
+    return dict(name=name, model=model, suite=suite, gen=gen, block=block, limit=limit, sampled=sampled,
+                masked=masked, split=split, experts=experts, batch=batch)
+
+
+BEDS = {
+    "tiny-dlm": _bed("tiny-dlm", "tiny-dlm", "all", 64, 32, 4, split=True),
+    "chains-hard": _bed("chains-hard", "tiny-dlm-chains-hard", "chains-hard", 128, 32, 6),
+    "tiny-dgemma": _bed("tiny-dgemma", "tiny-dgemma", "all", None, None, 4, masked=False, split=True, experts=3),
+    "oracle-permutation": _bed("oracle-permutation", "oracle", "oracle-permutation", 8, 8, 1024, sampled=True, experts=3),
+    "oracle-hmm": _bed("oracle-hmm", "oracle", "oracle-hmm", 8, 8, 2048, sampled=True, experts=3),
+    "oracle-pivot": _bed("oracle-pivot", "oracle", "oracle-pivot", 64, 64, 512, sampled=True),
+    "oracle-keyed": _bed("oracle-keyed", "oracle", "oracle-keyed", 14, 14, 2048, sampled=True, experts=3),
+    "oracle-runs": _bed("oracle-runs", "oracle", "oracle-runs", 64, 64, 512, sampled=True),
+    "oracle-schedules": _bed("oracle-schedules", "oracle", "oracle-schedules", 32, 32, 48, experts=4),
+}
+
+CANDIDATES = ("lopa", "lopa:published", "saber", "saber:published", "hex")
+
+
+def _steps(values) -> str:
+    return "/".join(str(v) for v in sorted(set(values), reverse=True))
+
+
+def bed_samplers(bed: dict, gen: int, block: int) -> tuple[list[str], dict[str, str]]:
+    """`(baseline entries, {candidate: entry})` for `dlm bench --samplers` on this bed."""
+    budgets = _steps([gen, max(gen // 2, gen // block), max(gen // 4, gen // block)])
+    baselines = [f"threshold:tau={t}" for t in TAUS] + [f"confidence:steps={budgets}"]
+    if bed["sampled"]:
+        baselines += [f"random:steps={budgets}", f"entropy:steps={budgets}"]
+    several_blocks = gen > block
+    candidates = {"lopa": "lopa",
+                  "lopa:published": "lopa:published=true" + (":window=2:open=1.0" if several_blocks else ""),
+                  "saber": "saber",
+                  "hex": f"hex:steps={bed['experts'] * gen // 2}"}
+    if bed["masked"]:  # the reference is a masked-diffusion loop over one driver block
+        candidates["saber:published"] = "saber:backtrack=published" + (f":block={gen}" if several_blocks else "")
+    return baselines, candidates
+
+
+def _lengths(bed: dict) -> tuple[int, int]:
+    if bed["gen"] is not None:
+        return bed["gen"], bed["block"]
+    from dlm.bench.harness import load_model, model_lengths
+
+    model, _, _ = load_model(bed["model"])
+    return model_lengths(model)
+
+
+def run_bed(bed: dict, seed: int, progress: bool) -> BenchResult:
+    gen, block = _lengths(bed)
+    baselines, candidates = bed_samplers(bed, gen, block)
+    cfg = BenchConfig(model=bed["model"], suite=bed["suite"], samplers=baselines + list(candidates.values()),
+                      steps=[gen], limit=bed["limit"], gen_length=gen, block_length=block, seed=seed,
+                      batch_size=bed["batch"], warmup=False)
+    result = run_bench(cfg, progress=progress)
+    result.meta["where_it_pays"] = {"baselines": baselines, "candidates": candidates, "gen": gen, "block": block}
+    return result
+
+
+def _views(bed: dict, result: BenchResult) -> dict[str, BenchResult]:
+    """`{bed row name: result}`: a multi-suite run read suite by suite (as `compare_by_suite`)."""
+    if not bed["split"]:
+        return {bed["name"]: result}
+    out = {}
+    for suite in result_suites(result):
+        pairs = [replace(p, **p.by_suite[suite]) for p in result.pairs if suite in p.by_suite]
+        out[f"{bed['name']} {suite}"] = BenchResult(config=result.config, meta=result.meta, pairs=pairs)
+    return out
+
+
+def read_point(result: BenchResult, baselines: list[str], candidate: str) -> dict:
+    """One candidate on one repeat: its quality/forwards and its place against the baseline frontier."""
+    rows = equal_quality_ratio(result, candidate, baselines, TOLERANCE)
+    row = rows[0]  # one budget per candidate
+    best = best_ratio(rows)
+    if best is not None:
+        status, ratio = "ratio", best["nfe_ratio"]
+    elif row["below"]:
+        status, ratio = "below", None
+    else:
+        status, ratio = "beyond", None
+    b = row["baseline"]
+    pair = next(p for p in result.pairs if p.sampler == candidate)
+    out = {"quality": row["quality"], "nfe": row["nfe"], "status": status, "ratio": ratio,
+           "baseline": None if b is None else f"{b['sampler']}@{b['budget']}",
+           "baseline_quality": None if b is None else b["quality"], "baseline_nfe": None if b is None else b["nfe"]}
+    extra = pair.extra or {}
+    if "best_expert_quality" in extra:
+        out["best_expert_quality"] = extra["best_expert_quality"]
+        out["token_vote_quality"] = extra.get("token_vote_quality")
+    return out
+
+
+def summarize(runs: dict) -> dict:
+    """`{bed row: {candidate: summary}}` over repeats: median ratio and its min-max, statuses."""
+    table = {}
+    for row, repeats in runs.items():
+        table[row] = {}
+        for cand in CANDIDATES:
+            points = [r["points"].get(cand) for r in repeats if r["points"].get(cand) is not None]
+            if not points:
+                continue
+            ratios = [p["ratio"] for p in points if p["status"] == "ratio"]
+            table[row][cand] = {
+                "repeats": len(points),
+                "statuses": [p["status"] for p in points],
+                "ratio_median": statistics.median(ratios) if ratios else None,
+                "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
+                "quality": [p["quality"] for p in points], "nfe": [p["nfe"] for p in points],
+                "baseline": [p["baseline"] for p in points],
+                "baseline_quality": [p["baseline_quality"] for p in points],
+                "baseline_nfe": [p["baseline_nfe"] for p in points],
+                "best_expert_quality": [p.get("best_expert_quality") for p in points],
+            }
+    return table
+
+
+def _cell(s: dict | None) -> str:
+    if s is None:
+        return "n/a"
+    statuses = s["statuses"]
+    parts = []
+    if s["ratio_median"] is not None:
+        spread = f" ({s['ratio_min']:.2f}-{s['ratio_max']:.2f})" if len(statuses) > 1 else ""
+        parts.append(f"**{s['ratio_median']:.2f}x**{spread}")
+    for tag in ("beyond", "below"):
+        k = statuses.count(tag)
+        if k:
+            parts.append(f"{tag} {k}/{len(statuses)}")
+    q = s["quality"]
+    parts.append(f"q {statistics.mean(q):.1f}" + (f"±{statistics.pstdev(q):.1f}" if len(q) > 1 else ""))
+    parts.append(f"F {statistics.mean(s['nfe']):.1f}")
+    return ", ".join(parts)
+
+
+def markdown(table: dict, meta: dict) -> str:
+    head = "| bed | " + " | ".join(CANDIDATES) + " |"
+    lines = [head, "|" + "---|" * (len(CANDIDATES) + 1)]
+    for row, cells in table.items():
+        lines.append(f"| {row} | " + " | ".join(_cell(cells.get(c)) for c in CANDIDATES) + " |")
+    lines += ["", "Cell: median forward ratio against the cheapest baseline point within 1 point of the candidate's "
+              "quality (min-max over repeats); `beyond k/n`: better than every baseline point on k of n repeats; "
+              "`below k/n`: more than 1 point under the frontier's cheapest point; q: quality (mean ± sd over "
+              "repeats); F: the candidate's forwards per sequence (mean). "
+              f"Repeats: {meta.get('repeats')}; seconds: {meta.get('seconds', 0):.0f}."]
+    return "\n".join(lines)
+
+
+def hex_rows(table: dict) -> list[str]:
+    lines = ["| bed | HEX vote q | best expert q | vote - best expert (per repeat) |", "|---|---|---|---|"]
+    for row, cells in table.items():
+        s = cells.get("hex")
+        if not s or s["best_expert_quality"][0] is None:
+            continue
+        diffs = [q - b for q, b in zip(s["quality"], s["best_expert_quality"])]
+        lines.append(f"| {row} | {statistics.mean(s['quality']):.1f} | {statistics.mean(s['best_expert_quality']):.1f} | "
+                     + ", ".join(f"{d:+.1f}" for d in diffs) + " |")
+    return lines
+
+
+def plot(table: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = list(table)
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(rows)), 4.8))
+    width = 0.8 / len(CANDIDATES)
+    for j, cand in enumerate(CANDIDATES):
+        xs, ys, lo, hi, marks = [], [], [], [], []
+        for i, row in enumerate(rows):
+            s = table[row].get(cand)
+            x = i + (j - (len(CANDIDATES) - 1) / 2) * width
+            if s is None:
+                continue
+            if s["ratio_median"] is not None:
+                xs.append(x)
+                ys.append(s["ratio_median"])
+                lo.append(s["ratio_median"] - s["ratio_min"])
+                hi.append(s["ratio_max"] - s["ratio_median"])
+            if "beyond" in s["statuses"]:
+                marks.append((x, "^"))
+            if "below" in s["statuses"]:
+                marks.append((x, "v"))
+        bars = ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=cand)
+        color = bars.patches[0].get_facecolor() if bars.patches else None
+        for x, m in marks:
+            ax.plot([x], [0.15 if m == "v" else 3.5], marker=m, color=color, linestyle="none")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_yscale("log", base=2)
+    ax.set_ylim(0.1, 4.5)
+    ax.set_xticks(np.arange(len(rows)))
+    ax.set_xticklabels(rows, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("forwards of best baseline / candidate's (equal quality)")
+    ax.set_title("Where each seed sampler pays: >1 fewer forwards; ^ beyond the frontier, v below it")
+    ax.legend(fontsize=7, ncol=5, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="runs/where-it-pays")
+    ap.add_argument("--beds", default=",".join(BEDS), help=f"comma-separated, of {', '.join(BEDS)}")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--report", metavar="DIR", help="rewrite the table and plot from DIR/where_it_pays.json")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    out = Path(args.report or args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = out / "where_it_pays.json"
+    if args.report:
+        data = json.loads(store.read_text())
+    else:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        beds = [b.strip() for b in args.beds.split(",") if b.strip()]
+        unknown = [b for b in beds if b not in BEDS]
+        if unknown or args.repeats < 1:
+            print(f"error: unknown beds {unknown} (valid: {', '.join(BEDS)})" if unknown else "error: --repeats >= 1",
+                  file=sys.stderr)
+            return 2
+        data = json.loads(store.read_text()) if store.exists() else {"runs": {}, "meta": {}}
+        started = time.perf_counter()
+        for name in beds:
+            bed = BEDS[name]
+            for seed in range(args.repeats):
+                result = run_bed(bed, seed, progress=not args.quiet)
+                info = result.meta["where_it_pays"]
+                for row, view in _views(bed, result).items():
+                    points = {c: read_point(view, info["baselines"], label) for c, label in info["candidates"].items()}
+                    runs = data["runs"].setdefault(row, [])
+                    runs[:] = [r for r in runs if r["seed"] != seed] + [{"seed": seed, "points": points}]
+                data["meta"].setdefault("beds", {})[name] = {"gen": info["gen"], "block": info["block"],
+                                                              "baselines": info["baselines"],
+                                                              "candidates": info["candidates"]}
+                store.write_text(json.dumps(data, indent=1))  # after every run: an interrupted sweep keeps what it did
+                print(f"[{name} seed {seed}] done at {time.perf_counter() - started:.0f}s", file=sys.stderr)
+        data["meta"].update(repeats=args.repeats, seconds=data["meta"].get("seconds", 0) + time.perf_counter() - started,
+                            threads=args.threads, command=" ".join(sys.argv))
+        store.write_text(json.dumps(data, indent=1))
+    table = summarize(data["runs"])
+    text = markdown(table, data["meta"]) + "\n\nHEX against its own best expert:\n\n" + "\n".join(hex_rows(table))
+    (out / "where_it_pays.md").write_text(text + "\n")
+    plot(table, out / "where_it_pays.png")
+    print(text)
+    print(f"\nwrote {store}, {out / 'where_it_pays.md'}, {out / 'where_it_pays.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
