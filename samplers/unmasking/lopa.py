@@ -9,8 +9,8 @@ threshold next time), others do not. LoPA searches over orders cheaply. One roun
 1. anchor = the current block after a normal threshold fill (Fast-dLLM: every mask whose
    confidence is >= tau, never fewer than the schedule's `num_transfer`);
 2. k-1 lookahead branches: for each of the k-1 best masks still left in the anchor (ranked by
-   `rank`: negative entropy by default, the score's own confidence), a copy of the anchor with that
-   one extra position filled from the same logits;
+   `rank`: p(x0), the fill's confidence, by default), a copy of the anchor with that one extra
+   position filled from the same logits;
 3. all k branches (anchor first) run in ONE batched forward (`ctx.forward`, on the block's KV
    cache), counted as one NFE and k branch forwards;
 4. each branch is scored by how ready the rest of it is to be filled: the mean confidence of its
@@ -46,9 +46,11 @@ this project's `threshold` sampler unchanged, so with `branches=1` LoPA commits 
 `threshold` commits with the same number of forward passes (the anchor's own logits come from the
 lookahead call instead of the driver's); a branch with no mask left scores 0, the best possible
 mean negative entropy; when the driver has no pass to spare (`ctx.forward` is None, the block's
-last step) the step is a plain threshold fill. The default ranks branch positions by negative
-entropy, the confidence that scores them (docs/dlm.md, "LoPA: default vs published", has the
-measurement behind the choice).
+last step) the step is a plain threshold fill. The default ranks branch positions by p(x0), the
+fill's confidence, not by the negative entropy that scores the branches (the released scripts'
+choice): ranking by negative entropy was measured worse, 1-3 points lower on each of three
+96-prompt tiny-dlm runs at the same forwards and one forward more on the keyed oracle at lower
+quality (docs/dlm.md, "LoPA: where the default departs").
 
 Shapes: B rows, k branches, Lb block length, V vocabulary.
 """
@@ -75,17 +77,18 @@ class LopaConfig(SamplerConfig):
     lookahead branches; the released scripts' `branching_factor` 2-4 spawns that many branches
     beside the anchor, i.e. branches 3-5 here; 1 is plain threshold decoding through the lookahead
     path). tau: threshold of the fill, in (0, 1]. rank: the confidence that picks the masks a
-    lookahead branch fills, "neg_entropy" (the score's own confidence, as the released Dream
-    scripts) or "probability" (p(x0), the fill's). branch_min_confidence: a branch's extra token
-    needs at least this p(x0), else that branch is not tried (it repeats the anchor); 0, the
-    default, tries every one (the paper's rule). published: run the released Dream configuration
-    instead (module docstring, "published"); it fixes rank and the fill, so rank must stay
-    "neg_entropy" and branch_min_confidence 0."""
+    lookahead branch fills, "probability" (p(x0), the fill's) or "neg_entropy" (the score's own, as
+    the released Dream scripts); None, the default, is "probability" in the default mode (measured
+    better on tiny-dlm and the keyed oracle, docs/dlm.md "LoPA") and "neg_entropy" when published.
+    branch_min_confidence: a branch's extra token needs at least this p(x0), else that branch is not
+    tried (it repeats the anchor); 0, the default, tries every one (the paper's rule). published:
+    run the released Dream configuration instead (module docstring); it fixes the rank and the
+    fill, so rank may only be "neg_entropy" and branch_min_confidence 0."""
 
     branches: int = 3
     tau: float = 0.9
     branch_min_confidence: float = 0.0
-    rank: str = "neg_entropy"
+    rank: str | None = None
     published: bool = False
 
     def validate(self) -> None:
@@ -98,11 +101,11 @@ class LopaConfig(SamplerConfig):
         if not isinstance(m, (int, float)) or isinstance(m, bool) or not 0 <= m <= 1:
             raise ValueError(f"branch_min_confidence must be in [0, 1] (0 is off: every branch's extra token is "
                              f"tried), got {m!r}")
-        if self.rank not in RANKS:
-            raise ValueError(f"rank must be one of {RANKS}, got {self.rank!r}")
+        if self.rank is not None and self.rank not in RANKS:
+            raise ValueError(f"rank must be one of {RANKS} (or None: the mode's own), got {self.rank!r}")
         if not isinstance(self.published, bool):
             raise ValueError(f"published must be True or False, got {self.published!r}")
-        if self.published and (self.rank != "neg_entropy" or m != 0):
+        if self.published and (self.rank not in (None, "neg_entropy") or m != 0):
             raise ValueError("published=True runs the released configuration, which ranks by negative entropy and "
                              "tries every branch: drop rank and branch_min_confidence, or set published=False")
 
@@ -201,7 +204,7 @@ class LopaSampler(Sampler):
         # to `threshold` in forward passes too).
         if ctx.forward is None or not bool(remaining.any()):
             return filled
-        rank = confidence if self.config.rank == "probability" else negative_entropy(token_probs(logits))
+        rank = negative_entropy(token_probs(logits)) if self.config.rank == "neg_entropy" else confidence
         branches = lookahead_branches(anchor, proposal, rank, remaining, self.config.branches,
                                       self.config.branch_min_confidence, confidence)
         branch_logits = ctx.forward(branches)  # [B, k, Lb, V], one NFE
