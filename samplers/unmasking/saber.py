@@ -283,8 +283,10 @@ def _topk_in_sequence(values: torch.Tensor, prompt_length: int, k: int, prompt_v
                       largest: bool) -> torch.Tensor:
     """`torch.topk` of a row laid out as the reference lays it out (`prompt_length` prompt entries
     holding `prompt_value`, then the generation `values [Lb]`); returns the generation indices
-    picked. A pick inside the prompt is dropped: the reference's write there changes no token (a
-    commit writes the prompt token back; it never remasks there, see the module docstring)."""
+    picked. A pick inside the prompt is dropped. Such picks happen only among equal infinite values
+    (fewer candidates than k): a commit there writes the prompt token back (the reference also
+    records its confidence in its running mean, not reproduced, see the module docstring) and a
+    remask there would mask a prompt token; neither was met in 1.5k calls on tiny-dlm prompts."""
     row = torch.cat([values.new_full((prompt_length,), prompt_value), values])
     picks = torch.topk(row, k=min(k, row.numel()), largest=largest).indices - prompt_length
     return picks[picks >= 0]
