@@ -18,7 +18,8 @@ oracles sampled at temperature 1 (where the exact sampler, random order at one t
 belongs on the frontier). The candidates: `lopa` (default), `lopa:published=true` (with D2F's
 window shown one block ahead when the bed has several blocks, as the released loop sees it),
 `saber` (default), `saber:backtrack=published` (one block, the released layout; masked models
-only) and `hex` (published: every expert gen/2 passes).
+only) and `hex` (published: every expert gen/2 passes). On oracle-keyed the oracle's own best
+order (`dlm.oracles.keyed.KeyFirstSampler`, keys first) is decoded on the same draws, for LoPA's target.
 
 For each candidate and repeat: the cheapest baseline pair within 1 point of its quality
 (`dlm.bench.frontier.equal_quality_ratio`), ratio = that pair's forwards / the candidate's. A
@@ -108,6 +109,26 @@ def run_bed(bed: dict, seed: int, progress: bool) -> BenchResult:
     result = run_bench(cfg, progress=progress)
     result.meta["where_it_pays"] = {"baselines": baselines, "candidates": candidates, "gen": gen, "block": block}
     return result
+
+
+def keyed_best_order(seed: int, num: int, tau: float = 0.9) -> dict:
+    """The keyed oracle's best order (`KeyFirstSampler`, keys first) decoded as the bench decodes the
+    oracle (same prompts, seed, temperature 1, one block), scored the same way; with its exact
+    expected forwards (`KeyedOracle.best_order_forwards`)."""
+    import torch
+
+    import dlm
+    from dlm.oracles.keyed import KeyFirstSampler
+    from dlm.tasks.oracle_tasks import ORACLE_SUITES
+
+    suite = ORACLE_SUITES["oracle-keyed"]
+    oracle = suite.build()
+    out = dlm.generate(oracle, suite.prompts(oracle, num), **suite.generate_kwargs(oracle), block_length=oracle.n,
+                       steps=oracle.n, sampler=KeyFirstSampler(oracle, tau), temperature=1.0,
+                       generator=torch.Generator().manual_seed(seed))
+    metrics = suite.evaluate(oracle, out.sequences, seed=seed)
+    return {"sampler": f"key-first:tau={tau}", "budget": oracle.n, "quality": 100.0 * (1 - metrics.total_variation),
+            "nfe": float(out.nfe), "expected_nfe": oracle.best_order_forwards(tau)}
 
 
 def _views(bed: dict, result: BenchResult) -> dict[str, BenchResult]:
@@ -211,44 +232,120 @@ def hex_rows(table: dict) -> list[str]:
     return lines
 
 
+def _frontier_match(pairs: list[dict], prefix: str, point: dict) -> tuple[str, float | None, dict | None]:
+    """The candidate `point` against the frontier of the pairs whose sampler starts with `prefix`:
+    `(status, ratio, matched pair)` as `read_point` does against the whole baseline set."""
+    base = sorted((p for p in pairs if p["sampler"].startswith(prefix)), key=lambda p: (p["nfe"], -p["quality"]))
+    ok = [b for b in base if b["quality"] >= point["quality"] - TOLERANCE]
+    if not ok:
+        return "beyond", None, max(base, key=lambda b: b["quality"]) if base else None
+    match = min(ok, key=lambda b: b["nfe"])
+    if point["quality"] < match["quality"] - TOLERANCE:
+        return "below", None, match
+    return "ratio", match["nfe"] / max(point["nfe"], 1e-9), match
+
+
+def _describe(status: str, ratio, match: dict | None, point: dict) -> str:
+    own = f"{point['quality']:.1f}% at {point['nfe']:.1f}"
+    if status == "ratio":
+        return f"{ratio:.2f}x ({own}; {match['sampler']}@{match['budget']}: {match['quality']:.1f}% at {match['nfe']:.1f})"
+    if status == "beyond":
+        best = "" if match is None else f"; its best point {match['sampler']}@{match['budget']}: {match['quality']:.1f}% at {match['nfe']:.1f}"
+        return f"beyond the frontier ({own}{best})"
+    return f"below the frontier ({own}; {match['sampler']}@{match['budget']}: {match['quality']:.1f}% at {match['nfe']:.1f})"
+
+
+def targets(runs: dict) -> list[str]:
+    """Issue 44's targets on the beds made for them, per repeat."""
+    lines = ["| target | per repeat (seed: result) | met? |", "|---|---|---|"]
+
+    def rows_of(bed):
+        return [r for r in runs.get(bed, []) if "pairs" in r]
+
+    def pick(run, label):
+        return next((p for p in run["pairs"] if p["sampler"] == label), None)
+
+    keyed = rows_of("oracle-keyed")
+    for label, name in (("lopa", "LoPA (default)"), ("lopa:published=true", "LoPA (published)")):
+        cells, met = [], []
+        for run in keyed:
+            point = pick(run, label)
+            status, ratio, match = _frontier_match(run["pairs"], "threshold:", point)
+            best = next(p for p in run["pairs"] if p["sampler"].startswith("key-first"))
+            to_best = point["nfe"] / best["nfe"]
+            as_good = point["quality"] >= best["quality"] - TOLERANCE  # "within 1.25x" at equal TV
+            cells.append(f"{run['seed']}: vs threshold {_describe(status, ratio, match, point)}; "
+                         f"{to_best:.2f}x the best order's {best['nfe']:.0f} forwards (expected {best['expected_nfe']:.2f}) "
+                         f"at {best['quality']:.1f}%" + ("" if as_good else " (more than 1 point better: not equal TV)"))
+            met.append((status == "beyond" or (ratio or 0) >= 1.5) and to_best <= 1.25 and as_good)
+        if cells:
+            lines.append(f"| oracle-keyed: {name} >= 1.5x fewer forwards than threshold's frontier at equal exact TV "
+                         f"and within 1.25x of the best order | " + "<br>".join(cells) + f" | {_met(met)} |")
+    for label, name in (("saber", "Saber (default)"), ("saber:backtrack=published", "Saber (published)")):
+        cells, met = [], []
+        for run in rows_of("oracle-runs"):
+            point = pick(run, label)
+            status, ratio, match = _frontier_match(run["pairs"], "confidence:", point)
+            cells.append(f"{run['seed']}: vs confidence {_describe(status, ratio, match, point)}")
+            met.append(status == "beyond" or (ratio or 0) >= 1.5)
+        if cells:
+            lines.append(f"| oracle-runs: {name} >= 1.5x fewer forwards than confidence at equal TV | "
+                         + "<br>".join(cells) + f" | {_met(met)} |")
+    cells, met = [], []
+    for run in rows_of("oracle-schedules"):
+        point = run["points"]["hex"]
+        diff = point["quality"] - point["best_expert_quality"]
+        cells.append(f"{run['seed']}: vote {point['quality']:.1f} vs best expert {point['best_expert_quality']:.1f} ({diff:+.1f})")
+        met.append(diff >= 2)
+    if cells:
+        lines.append("| oracle-schedules: HEX vote >= best expert + 2 | " + "<br>".join(cells) + f" | {_met(met)} |")
+    return lines
+
+
+def _met(flags: list[bool]) -> str:
+    if all(flags):
+        return "met on every repeat"
+    return "not met" if not any(flags) else f"met on {sum(flags)} of {len(flags)} repeats"
+
+
 def plot(table: dict, path: Path) -> Path:
+    """Median ratio per bed and candidate with its min-max over repeats (log scale); a candidate
+    beyond the frontier is drawn at the top (^), one below it at the bottom (v)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     rows = list(table)
-    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(rows)), 4.8))
+    colors = plt.get_cmap("tab10").colors
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows) + 2), 5))
     width = 0.8 / len(CANDIDATES)
+    top, bottom = 8.0, 1 / 8
     for j, cand in enumerate(CANDIDATES):
-        xs, ys, lo, hi, marks = [], [], [], [], []
+        color = colors[j % len(colors)]
+        ax.plot([], [], "o", color=color, label=cand)
         for i, row in enumerate(rows):
             s = table[row].get(cand)
-            x = i + (j - (len(CANDIDATES) - 1) / 2) * width
             if s is None:
                 continue
+            x = i + (j - (len(CANDIDATES) - 1) / 2) * width
             if s["ratio_median"] is not None:
-                xs.append(x)
-                ys.append(s["ratio_median"])
-                lo.append(s["ratio_median"] - s["ratio_min"])
-                hi.append(s["ratio_max"] - s["ratio_median"])
-            if "beyond" in s["statuses"]:
-                marks.append((x, "^"))
-            if "below" in s["statuses"]:
-                marks.append((x, "v"))
-        bars = ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=cand)
-        color = bars.patches[0].get_facecolor() if bars.patches else None
-        for x, m in marks:
-            ax.plot([x], [0.15 if m == "v" else 3.5], marker=m, color=color, linestyle="none")
+                med = s["ratio_median"]
+                ax.errorbar([x], [med], yerr=[[med - s["ratio_min"]], [s["ratio_max"] - med]], fmt="o", color=color,
+                            capsize=2, ms=5)
+            n = len(s["statuses"])
+            for tag, y, marker in (("beyond", top, "^"), ("below", bottom, "v")):
+                k = s["statuses"].count(tag)
+                if k:
+                    ax.plot([x], [y], marker, color=color, ms=4 + 4 * k / n, alpha=0.9)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_yscale("log", base=2)
-    ax.set_ylim(0.1, 4.5)
-    ax.set_xticks(np.arange(len(rows)))
+    ax.set_ylim(bottom / 1.5, top * 1.5)
+    ax.set_xticks(range(len(rows)))
     ax.set_xticklabels(rows, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("forwards of best baseline / candidate's (equal quality)")
-    ax.set_title("Where each seed sampler pays: >1 fewer forwards; ^ beyond the frontier, v below it")
-    ax.legend(fontsize=7, ncol=5, loc="upper left")
+    ax.set_ylabel("best baseline's forwards / candidate's, at equal quality")
+    ax.set_title("Where each seed sampler pays (> 1: fewer forwards). ^ beyond the frontier, v below it", fontsize=10)
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.28))
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -288,8 +385,12 @@ def main(argv=None) -> int:
                 info = result.meta["where_it_pays"]
                 for row, view in _views(bed, result).items():
                     points = {c: read_point(view, info["baselines"], label) for c, label in info["candidates"].items()}
+                    pairs = [{"sampler": p.sampler, "budget": p.budget, "quality": p.quality, "nfe": p.nfe}
+                             for p in view.pairs]
+                    if name == "oracle-keyed":  # the oracle's best order, decoded on the same draws
+                        pairs.append(keyed_best_order(seed, bed["limit"]))
                     runs = data["runs"].setdefault(row, [])
-                    runs[:] = [r for r in runs if r["seed"] != seed] + [{"seed": seed, "points": points}]
+                    runs[:] = [r for r in runs if r["seed"] != seed] + [{"seed": seed, "points": points, "pairs": pairs}]
                 data["meta"].setdefault("beds", {})[name] = {"gen": info["gen"], "block": info["block"],
                                                               "baselines": info["baselines"],
                                                               "candidates": info["candidates"]}
@@ -299,7 +400,8 @@ def main(argv=None) -> int:
                             threads=args.threads, command=" ".join(sys.argv))
         store.write_text(json.dumps(data, indent=1))
     table = summarize(data["runs"])
-    text = markdown(table, data["meta"]) + "\n\nHEX against its own best expert:\n\n" + "\n".join(hex_rows(table))
+    text = (markdown(table, data["meta"]) + "\n\nHEX against its own best expert:\n\n" + "\n".join(hex_rows(table))
+            + "\n\nTargets on the beds made for them:\n\n" + "\n".join(targets(data["runs"])))
     (out / "where_it_pays.md").write_text(text + "\n")
     plot(table, out / "where_it_pays.png")
     print(text)

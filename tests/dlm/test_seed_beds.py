@@ -137,3 +137,22 @@ def test_where_it_pays_reads_ratio_beyond_and_below():
     table = wip.summarize({"bed": [{"seed": s, "points": {"lopa": dict(lopa, ratio=r)}} for s, r in ((0, 2.0), (1, 1.0), (2, 3.0))]})
     assert table["bed"]["lopa"]["ratio_median"] == 2.0 and table["bed"]["lopa"]["ratio_min"] == 1.0
     assert "**2.00x** (1.00-3.00)" in wip.markdown(table, {"repeats": 3})
+
+
+def test_where_it_pays_targets_read_each_repeat():
+    wip = load_script("where_it_pays.py")
+    pairs = [{"sampler": "threshold:tau=0.9", "budget": 14, "quality": 50.0, "nfe": 10.0},
+             {"sampler": "threshold:tau=0.5", "budget": 14, "quality": 20.0, "nfe": 3.0},
+             {"sampler": "lopa", "budget": 14, "quality": 50.5, "nfe": 5.0},
+             {"sampler": "lopa:published=true", "budget": 14, "quality": 90.0, "nfe": 6.0},
+             {"sampler": "key-first:tau=0.9", "budget": 14, "quality": 90.0, "nfe": 4.0, "expected_nfe": 4.0}]
+    runs = {"oracle-keyed": [{"seed": 0, "points": {}, "pairs": pairs}],
+            "oracle-schedules": [{"seed": 0, "points": {"hex": {"quality": 75.0, "best_expert_quality": 70.0}},
+                                  "pairs": []}]}
+    lines = wip.targets(runs)
+    lopa = next(line for line in lines if "LoPA (default)" in line)
+    # 2x threshold and 1.25x the best order's forwards, but 40 points worse than it: not at equal TV
+    assert "2.00x" in lopa and "1.25x the best order" in lopa and "not equal TV" in lopa and lopa.endswith("| not met |")
+    published = next(line for line in lines if "LoPA (published)" in line)
+    assert "beyond the frontier" in published and published.endswith("| not met |")  # 6 / 4 = 1.5x the best order
+    assert next(line for line in lines if "HEX" in line).endswith("| met on every repeat |")
