@@ -570,10 +570,10 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
                                    generator=g, kv_cache=kv)
             metrics = suite.evaluate(oracle, out.sequences, seed=cfg.seed).to_dict()
             quality = _oracle_quality(metrics, headline)
-            experts = {}
-            if out.experts is not None:  # HEX: each expert scored as if run alone (same passes)
-                experts = {str(b): _oracle_quality(suite.evaluate(oracle, out.experts.sequences[e], seed=cfg.seed).to_dict(),
-                                                   headline) for e, b in enumerate(out.experts.block_lengths)}
+            if out.experts is not None:  # HEX: each expert scored as if run alone (same passes; no noise reference)
+                experts = {str(b): _oracle_quality(suite.evaluate(oracle, out.experts.sequences[e], seed=cfg.seed,
+                                                                  reference=False).to_dict(), headline)
+                           for e, b in enumerate(out.experts.block_lengths)}
                 metrics.update(expert_quality=experts, best_expert_quality=max(experts.values()))
             pairs.append(PairResult(
                 sampler=spec.label, budget=budget, engine="dlm", kv_cache=kv, n=n, quality=quality,
