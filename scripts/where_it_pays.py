@@ -4,6 +4,7 @@ against the best baseline frontier, with the spread of repeated runs; one table,
     python scripts/where_it_pays.py --out runs/where-it-pays            # everything (CPU: about an hour)
     python scripts/where_it_pays.py --out runs/wip --beds oracle-keyed   # one bed
     python scripts/where_it_pays.py --report runs/where-it-pays          # the table again, from its JSON
+    python scripts/where_it_pays.py --report runs/a --merge runs/b       # one table from two sweeps over other beds
 
 Beds: the tiny-dlm suites (list edits, arithmetic, puzzles: one `dlm bench` run of `all`, read suite
 by suite), chains-hard (tiny-dlm-chains-hard), the tiny-dgemma suites, and the exact oracles
@@ -359,13 +360,27 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--report", metavar="DIR", help="rewrite the table and plot from DIR/where_it_pays.json")
+    ap.add_argument("--merge", metavar="DIR", action="append", default=[],
+                    help="with --report: first add the beds of DIR/where_it_pays.json (a sweep run as several "
+                         "processes over disjoint --beds); its rows replace DIR's rows of the same name")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     out = Path(args.report or args.out)
     out.mkdir(parents=True, exist_ok=True)
     store = out / "where_it_pays.json"
+    if args.merge and not args.report:
+        print("error: --merge needs --report", file=sys.stderr)
+        return 2
     if args.report:
         data = json.loads(store.read_text())
+        for other in args.merge:
+            extra = json.loads((Path(other) / "where_it_pays.json").read_text())
+            data["runs"].update(extra["runs"])
+            data["meta"].setdefault("beds", {}).update(extra["meta"].get("beds", {}))
+            data["meta"]["seconds"] = data["meta"].get("seconds", 0) + extra["meta"].get("seconds", 0)
+            data["meta"].setdefault("merged", []).append(extra["meta"].get("command"))
+        if args.merge:
+            store.write_text(json.dumps(data, indent=1))
     else:
         import torch
 
