@@ -217,7 +217,7 @@ def markdown(table: dict, meta: dict) -> str:
               "quality (min-max over repeats); `beyond k/n`: better than every baseline point on k of n repeats; "
               "`below k/n`: more than 1 point under the frontier's cheapest point; q: quality (mean ± sd over "
               "repeats); F: the candidate's forwards per sequence (mean). "
-              f"Repeats: {meta.get('repeats')}; seconds: {meta.get('seconds', 0):.0f}."]
+              f"Repeats: {meta.get('repeats')}" + (f"; seconds: {meta['seconds']:.0f}." if meta.get("seconds") else ".")]
     return "\n".join(lines)
 
 
@@ -414,6 +414,7 @@ def main(argv=None) -> int:
         data["meta"].update(repeats=args.repeats, seconds=data["meta"].get("seconds", 0) + time.perf_counter() - started,
                             threads=args.threads, command=" ".join(sys.argv))
         store.write_text(json.dumps(data, indent=1))
+    data["meta"]["repeats"] = max(len(r) for r in data["runs"].values())  # a sweep cut short has fewer
     table = summarize(data["runs"])
     text = (markdown(table, data["meta"]) + "\n\nHEX against its own best expert:\n\n" + "\n".join(hex_rows(table))
             + "\n\nTargets on the beds made for them:\n\n" + "\n".join(targets(data["runs"])))
