@@ -148,13 +148,15 @@ def read_point(result: BenchResult, baselines: list[str], candidate: str) -> dic
     rows = equal_quality_ratio(result, candidate, baselines, TOLERANCE)
     row = rows[0]  # one budget per candidate
     best = best_ratio(rows)
+    b = row["baseline"]
     if best is not None:
         status, ratio = "ratio", best["nfe_ratio"]
     elif row["below"]:
-        status, ratio = "below", None
+        # no baseline point of its quality: either one is as cheap and better (dominated), or every
+        # better one costs more and none of its quality exists (a gap in the frontier: a trade)
+        status, ratio = ("dominated" if b["nfe"] <= row["nfe"] else "gap"), None
     else:
         status, ratio = "beyond", None
-    b = row["baseline"]
     pair = next(p for p in result.pairs if p.sampler == candidate)
     out = {"quality": row["quality"], "nfe": row["nfe"], "status": status, "ratio": ratio,
            "baseline": None if b is None else f"{b['sampler']}@{b['budget']}",
@@ -166,13 +168,21 @@ def read_point(result: BenchResult, baselines: list[str], candidate: str) -> dic
     return out
 
 
+def _status(point: dict) -> str:
+    """A point's place against the frontier (older stores say "below" for dominated and gap alike)."""
+    if point["status"] != "below":
+        return point["status"]
+    return "dominated" if point["baseline_nfe"] <= point["nfe"] else "gap"
+
+
 def summarize(runs: dict) -> dict:
     """`{bed row: {candidate: summary}}` over repeats: median ratio and its min-max, statuses."""
     table = {}
     for row, repeats in runs.items():
         table[row] = {}
         for cand in CANDIDATES:
-            points = [r["points"].get(cand) for r in repeats if r["points"].get(cand) is not None]
+            points = [dict(r["points"][cand], status=_status(r["points"][cand]))
+                      for r in repeats if r["points"].get(cand) is not None]
             if not points:
                 continue
             ratios = [p["ratio"] for p in points if p["status"] == "ratio"]
@@ -198,7 +208,7 @@ def _cell(s: dict | None) -> str:
     if s["ratio_median"] is not None:
         spread = f" ({s['ratio_min']:.2f}-{s['ratio_max']:.2f})" if len(statuses) > 1 else ""
         parts.append(f"**{s['ratio_median']:.2f}x**{spread}")
-    for tag in ("beyond", "below"):
+    for tag in ("beyond", "dominated", "gap"):
         k = statuses.count(tag)
         if k:
             parts.append(f"{tag} {k}/{len(statuses)}")
@@ -215,8 +225,9 @@ def markdown(table: dict, meta: dict) -> str:
         lines.append(f"| {row} | " + " | ".join(_cell(cells.get(c)) for c in CANDIDATES) + " |")
     lines += ["", "Cell: median forward ratio against the cheapest baseline point within 1 point of the candidate's "
               "quality (min-max over repeats); `beyond k/n`: better than every baseline point on k of n repeats; "
-              "`below k/n`: more than 1 point under the frontier's cheapest point; q: quality (mean ± sd over "
-              "repeats); F: the candidate's forwards per sequence (mean). "
+              "`dominated k/n`: a baseline point at most as costly is more than 1 point better; `gap k/n`: no "
+              "baseline point within 1 point of its quality, the better ones all cost more (a trade, not a win); "
+              "q: quality (mean ± sd over repeats); F: the candidate's forwards per sequence (mean). "
               f"Repeats: {meta.get('repeats')}" + (f"; seconds: {meta['seconds']:.0f}." if meta.get("seconds") else ".")]
     return "\n".join(lines)
 
@@ -311,7 +322,8 @@ def _met(flags: list[bool]) -> str:
 
 def plot(table: dict, path: Path) -> Path:
     """Median ratio per bed and candidate with its min-max over repeats (log scale); a candidate
-    beyond the frontier is drawn at the top (^), one below it at the bottom (v)."""
+    beyond the frontier is drawn at the top (^), a dominated one at the bottom (v), one in a gap of
+    the frontier just above it (x); marker size grows with the share of repeats."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -335,7 +347,7 @@ def plot(table: dict, path: Path) -> Path:
                 ax.errorbar([x], [med], yerr=[[med - s["ratio_min"]], [s["ratio_max"] - med]], fmt="o", color=color,
                             capsize=2, ms=5)
             n = len(s["statuses"])
-            for tag, y, marker in (("beyond", top, "^"), ("below", bottom, "v")):
+            for tag, y, marker in (("beyond", top, "^"), ("dominated", bottom, "v"), ("gap", bottom * 1.6, "x")):
                 k = s["statuses"].count(tag)
                 if k:
                     ax.plot([x], [y], marker, color=color, ms=4 + 4 * k / n, alpha=0.9)
@@ -345,7 +357,8 @@ def plot(table: dict, path: Path) -> Path:
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels(rows, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("best baseline's forwards / candidate's, at equal quality")
-    ax.set_title("Where each seed sampler pays (> 1: fewer forwards). ^ beyond the frontier, v below it", fontsize=10)
+    ax.set_title("Where each seed sampler pays (> 1: fewer forwards at equal quality)\n"
+                 "^ beyond the frontier, v dominated, x in a gap of the frontier", fontsize=10)
     ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.28))
     fig.tight_layout()
     fig.savefig(path, dpi=130)

@@ -133,7 +133,9 @@ def test_where_it_pays_reads_ratio_beyond_and_below():
     lopa = wip.read_point(result, base, "lopa")
     assert lopa["status"] == "ratio" and lopa["ratio"] == 2.0 and lopa["baseline"] == "threshold:tau=0.9@8"
     assert wip.read_point(result, base, "saber")["status"] == "beyond"
-    assert wip.read_point(result, base, "hex")["status"] == "below"  # tau 0.5 is cheaper and 20 points better
+    assert wip.read_point(result, base, "hex")["status"] == "dominated"  # tau 0.5 is cheaper and 20 points better
+    gap = BenchResult(config={"gen_length": 8}, meta={}, pairs=result.pairs[:2] + [_pair("hex", 75.0, 4.0)])
+    assert wip.read_point(gap, base, "hex")["status"] == "gap"  # cheaper than tau 0.9, worse, no point of 75%
     table = wip.summarize({"bed": [{"seed": s, "points": {"lopa": dict(lopa, ratio=r)}} for s, r in ((0, 2.0), (1, 1.0), (2, 3.0))]})
     assert table["bed"]["lopa"]["ratio_median"] == 2.0 and table["bed"]["lopa"]["ratio_min"] == 1.0
     assert "**2.00x** (1.00-3.00)" in wip.markdown(table, {"repeats": 3})
