@@ -428,13 +428,14 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
 
                     gen, row_nfe, nfe, ftok, sec, row_branches, experts = runner.run(spec, budget, ids, mask, generator, extract)
                     per_seq_branches.extend(row_branches)
+                    acc = per_suite.setdefault(suite, {"scores": [], "nfe": 0, "seconds": 0.0, "experts": {}})
                     if experts is not None:
                         _score_experts(experts, chunk, ids.shape[1], tokenizer, runner.eos_id, task_of, expert_scores)
+                        _score_experts(experts, chunk, ids.shape[1], tokenizer, runner.eos_id, task_of, acc["experts"])
                     seconds += sec
                     forward_tokens += ftok
                     call_nfe.append(nfe)
                     per_seq_nfe.extend(row_nfe)
-                    acc = per_suite.setdefault(suite, {"scores": [], "nfe": 0, "seconds": 0.0})
                     acc["nfe"] += sum(row_nfe)
                     acc["seconds"] += sec
                     for ex, row in zip(chunk, gen.tolist()):
@@ -475,12 +476,15 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
 
 
 def _suite_summary(per_suite: dict, gen_length: int) -> dict:
-    """{suite: {n, quality, nfe, tpf, seconds}} of one pair, from its suite-pure batches."""
+    """{suite: {n, quality, nfe, tpf, seconds[, extra]}} of one pair, from its suite-pure batches
+    (`extra`: a HEX pair's expert summary on that suite's prompts)."""
     out = {}
     for suite, acc in per_suite.items():
         n, total_nfe = len(acc["scores"]), acc["nfe"]
         out[suite] = {"n": n, "quality": 100.0 * sum(acc["scores"]) / n, "nfe": total_nfe / n,
                       "tpf": n * gen_length / max(total_nfe, 1), "seconds": acc["seconds"]}
+        if acc.get("experts"):
+            out[suite]["extra"] = _expert_summary(acc["experts"], n)
     return out
 
 
