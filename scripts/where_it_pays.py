@@ -83,8 +83,9 @@ def bed_samplers(bed: dict, gen: int, block: int) -> tuple[list[str], dict[str, 
     if bed["sampled"]:
         baselines += [f"random:steps={budgets}", f"entropy:steps={budgets}"]
     several_blocks = gen > block
+    window = several_blocks and bed["masked"]  # uniform noise decodes canvas after canvas: no window
     candidates = {"lopa": "lopa",
-                  "lopa:published": "lopa:published=true" + (":window=2:open=1.0" if several_blocks else ""),
+                  "lopa:published": "lopa:published=true" + (":window=2:open=1.0" if window else ""),
                   "saber": "saber",
                   "hex": f"hex:steps={bed['experts'] * gen // 2}"}
     if bed["masked"]:  # the reference is a masked-diffusion loop over one driver block
