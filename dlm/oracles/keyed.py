@@ -49,8 +49,9 @@ def random_codewords(count: int, bits: int, seed: int) -> np.ndarray:
 
     Bit j of key k is <k, c_j> mod 2 for `bits` distinct nonzero columns c_j in F2^r of rank r
     (drawn with a seeded numpy RNG): every bit is a fair coin (no bit is more confident than
-    another), any two bits are independent, and some triples are dependent (a sum of columns is 0),
-    so committing many bits at once can write a word that is not a codeword."""
+    another) and any two bits are independent; with more bits than r, some sets of three or more
+    are dependent (their columns sum to 0: with 8 keys and 5 bits, at least two triples), so
+    committing many bits at once can write a word that is not a codeword."""
     r = int(round(math.log2(count)))
     if count < 2 or 2 ** r != count:
         raise ValueError(f"codewords must be a power of two >= 2 (a linear code), got {count}")
