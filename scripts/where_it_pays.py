@@ -159,10 +159,10 @@ def read_point(result: BenchResult, baselines: list[str], candidate: str) -> dic
     else:
         status, ratio = "beyond", None
     pair = next(p for p in result.pairs if p.sampler == candidate)
-    out = {"quality": row["quality"], "nfe": row["nfe"], "status": status, "ratio": ratio,
+    out: dict = {"quality": row["quality"], "nfe": row["nfe"], "status": status, "ratio": ratio,
            "baseline": None if b is None else f"{b['sampler']}@{b['budget']}",
            "baseline_quality": None if b is None else b["quality"], "baseline_nfe": None if b is None else b["nfe"]}
-    extra = pair.extra or {}
+    extra = getattr(pair, "extra", None) or {}
     if "best_expert_quality" in extra:
         out["best_expert_quality"] = extra["best_expert_quality"]
         out["token_vote_quality"] = extra.get("token_vote_quality")
@@ -174,6 +174,34 @@ def _status(point: dict) -> str:
     if point["status"] != "below":
         return point["status"]
     return "dominated" if point["baseline_nfe"] <= point["nfe"] else "gap"
+
+
+def _pair_result(p: dict) -> PairResult:
+    return PairResult(sampler=p["sampler"], budget=p["budget"], engine="dlm", kv_cache="none", n=1,
+                      quality=p["quality"], quality_by_task={}, nfe=p["nfe"], nfe_per_call=p["nfe"], tpf=0.0,
+                      tokens_per_s=0.0, seconds=0.0, forward_tokens=0, peak_mem_mb=None, mem_method="-")
+
+
+def recompute(data: dict) -> None:
+    """Re-read every stored repeat's points from its stored pairs (the frontier rule may have changed
+    since it ran); a HEX point keeps its expert readings. Repeats stored without pairs keep theirs."""
+    beds = data["meta"].get("beds", {})
+    for row, runs in data["runs"].items():
+        bed = max((b for b in beds if row == b or row.startswith(b + " ")), key=len, default=None)
+        if bed is None:
+            continue
+        info = beds[bed]
+        for run in runs:
+            if "pairs" not in run:
+                continue
+            view = BenchResult(config={}, meta={}, pairs=[_pair_result(p) for p in run["pairs"]])
+            for cand, label in info["candidates"].items():
+                old = run["points"].get(cand, {})
+                new = read_point(view, info["baselines"], label)
+                for key in ("best_expert_quality", "token_vote_quality"):
+                    if key in old:
+                        new[key] = old[key]
+                run["points"][cand] = new
 
 
 def summarize(runs: dict) -> dict:
@@ -229,7 +257,7 @@ def markdown(table: dict, meta: dict) -> str:
               "`dominated k/n`: a baseline point at most as costly is more than 1 point better; `gap k/n`: no "
               "baseline point within 1 point of its quality, the better ones all cost more (a trade, not a win); "
               "q: quality (mean ± sd over repeats); F: the candidate's forwards per sequence (mean). "
-              f"Repeats: {meta.get('repeats')}" + (f"; seconds: {meta['seconds']:.0f}." if meta.get("seconds") else ".")]
+              f"Repeats: {meta.get('repeats')}."]
     return "\n".join(lines)
 
 
@@ -428,6 +456,7 @@ def main(argv=None) -> int:
         data["meta"].update(repeats=args.repeats, seconds=data["meta"].get("seconds", 0) + time.perf_counter() - started,
                             threads=args.threads, command=" ".join(sys.argv))
         store.write_text(json.dumps(data, indent=1))
+    recompute(data)
     data["meta"]["repeats"] = max(len(r) for r in data["runs"].values())  # a sweep cut short has fewer
     table = summarize(data["runs"])
     text = (markdown(table, data["meta"]) + "\n\nHEX against its own best expert:\n\n" + "\n".join(hex_rows(table))
