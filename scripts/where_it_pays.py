@@ -206,8 +206,13 @@ def recompute(data: dict) -> None:
 
 def summarize(runs: dict) -> dict:
     """`{bed row: {candidate: summary}}` over repeats: median ratio and its min-max, statuses."""
+    def order(row: str) -> tuple:
+        bed = max((b for b in BEDS if row == b or row.startswith(b + " ")), key=len, default=None)
+        return (list(BEDS).index(bed) if bed else len(BEDS), row)
+
     table = {}
-    for row, repeats in runs.items():
+    for row in sorted(runs, key=order):
+        repeats = runs[row]
         table[row] = {}
         for cand in CANDIDATES:
             points = [dict(r["points"][cand], status=_status(r["points"][cand]))
@@ -362,7 +367,7 @@ def plot(table: dict, path: Path) -> Path:
     colors = plt.get_cmap("tab10").colors
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows) + 2), 5))
     width = 0.8 / len(CANDIDATES)
-    top, bottom = 8.0, 1 / 8
+    top, bottom = 12.0, 1 / 96  # the markers' rows, outside the points' range (0.02-7 here)
     for j, cand in enumerate(CANDIDATES):
         color = colors[j % len(colors)]
         ax.plot([], [], "o", color=color, label=cand)
@@ -376,13 +381,14 @@ def plot(table: dict, path: Path) -> Path:
                 ax.errorbar([x], [med], yerr=[[med - s["ratio_min"]], [s["ratio_max"] - med]], fmt="o", color=color,
                             capsize=2, ms=5)
             n = len(s["statuses"])
-            for tag, y, marker in (("beyond", top, "^"), ("dominated", bottom, "v"), ("gap", bottom * 1.6, "x")):
+            for tag, y, marker in (("beyond", top, "^"), ("dominated", bottom, "v"), ("gap", bottom * 1.7, "x")):
                 k = s["statuses"].count(tag)
                 if k:
                     ax.plot([x], [y], marker, color=color, ms=4 + 4 * k / n, alpha=0.9)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_yscale("log", base=2)
     ax.set_ylim(bottom / 1.5, top * 1.5)
+    ax.axhspan(bottom / 1.5, bottom * 2.3, color="0.93", zorder=0)  # the band of markers, not ratios
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels(rows, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("best baseline's forwards / candidate's, at equal quality")
