@@ -50,7 +50,7 @@ last step) the step is a plain threshold fill. The default ranks branch position
 fill's confidence, not by the negative entropy that scores the branches (the released scripts'
 choice): ranking by negative entropy was measured worse, 1-3 points lower on each of three
 96-prompt tiny-dlm runs at the same forwards and one forward more on the keyed oracle at lower
-quality (docs/dlm.md, "LoPA: where the default departs").
+quality (docs/dlm.md, "Seed samplers as their authors run them").
 
 Shapes: B rows, k branches, Lb block length, V vocabulary.
 """
@@ -79,7 +79,8 @@ class LopaConfig(SamplerConfig):
     path). tau: threshold of the fill, in (0, 1]. rank: the confidence that picks the masks a
     lookahead branch fills, "probability" (p(x0), the fill's) or "neg_entropy" (the score's own, as
     the released Dream scripts); None, the default, is "probability" in the default mode (measured
-    better on tiny-dlm and the keyed oracle, docs/dlm.md "LoPA") and "neg_entropy" when published.
+    better on tiny-dlm and the keyed oracle, docs/dlm.md "Seed samplers as their authors run
+    them") and "neg_entropy" when published.
     branch_min_confidence: a branch's extra token needs at least this p(x0), else that branch is not
     tried (it repeats the anchor); 0, the default, tries every one (the paper's rule). published:
     run the released Dream configuration instead (module docstring); it fixes the rank and the
