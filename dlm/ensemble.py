@@ -55,10 +55,14 @@ class HexExperts:
         block_lengths / steps / nfe: `[E]` each expert's block length, pass budget and passes used
             (the ensemble's total, `GenerateOutput.nfe`, is `sum(nfe)`).
         sequences: `[E, B, P + gen_length]` long, every expert's output.
-        answers: `[B][E]` extracted answers (None where nothing could be extracted).
+        answers: `[B][E]` extracted answers (None where nothing could be extracted): the task's
+            parsed answers when `hex_generate` got `extract`, else the generated tokens.
         votes: `[B]` the winning answer per row (None when every expert's answer was None).
         winner: `[B]` index of the expert whose sequence is returned (the first expert, smallest
             block, when no answer was extracted).
+        token_answers / token_votes / token_winner: the same vote on the generated tokens up to the
+            first EOS (`generated_tokens_answer`), kept beside a task's vote so both can be scored;
+            equal to answers / votes / winner when no `extract` was given.
     """
 
     block_lengths: list[int]
@@ -68,6 +72,9 @@ class HexExperts:
     answers: list[list]
     votes: list
     winner: list[int]
+    token_answers: list[list] | None = None
+    token_votes: list | None = None
+    token_winner: list[int] | None = None
 
 
 def generated_tokens_answer(eos_token_id: int | None) -> Callable[[int, torch.Tensor], Hashable | None]:
@@ -165,28 +172,39 @@ def _same_length(sequences: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(padded)
 
 
-def _run_experts(model, input_ids, decoding: DecodingConfig, config: HexConfig, extract, attention_mask, callback,
-                 return_trace) -> GenerateOutput:
-    gen_length, plan = _expert_plan(model, input_ids, decoding, config)
-    if extract is None:
-        extract = _default_extract(model, decoding)
-    outs = [run_decoding(model, input_ids, decoding.replace(block_length=b, steps=s, sampler=config.expert),
-                         attention_mask=attention_mask, callback=callback, return_trace=return_trace)
-            for b, s in plan]
-    prompt_length = input_ids.shape[1]
-    answers = [[extract(r, o.sequences[r, prompt_length:]) for o in outs] for r in range(input_ids.shape[0])]
+def _vote(answers: list[list]) -> tuple[list[int], list]:
+    """`(winner [B], votes [B])` of `majority_vote` per row (the authors' rule: None answers do not
+    vote, ties go to the first expert, the smallest block); winner 0 where no expert answered."""
     winner, votes = [], []
     for row in answers:
         w = majority_vote(row)
         winner.append(0 if w is None else w)
         votes.append(None if w is None else row[w])
+    return winner, votes
+
+
+def _run_experts(model, input_ids, decoding: DecodingConfig, config: HexConfig, extract, attention_mask, callback,
+                 return_trace) -> GenerateOutput:
+    gen_length, plan = _expert_plan(model, input_ids, decoding, config)
+    token_extract = _default_extract(model, decoding)
+    outs = [run_decoding(model, input_ids, decoding.replace(block_length=b, steps=s, sampler=config.expert),
+                         attention_mask=attention_mask, callback=callback, return_trace=return_trace)
+            for b, s in plan]
+    prompt_length = input_ids.shape[1]
+    row_ids = range(input_ids.shape[0])
+    token_answers = [[token_extract(r, o.sequences[r, prompt_length:]) for o in outs] for r in row_ids]
+    answers = token_answers if extract is None else [[extract(r, o.sequences[r, prompt_length:]) for o in outs]
+                                                     for r in row_ids]
+    winner, votes = _vote(answers)
+    token_winner, token_votes = (winner, votes) if extract is None else _vote(token_answers)
     stacked = _same_length([o.sequences for o in outs])
     rows = torch.arange(input_ids.shape[0], device=stacked.device)
     sequences = stacked[torch.tensor(winner, device=stacked.device), rows]
     nfe = sum(o.nfe for o in outs)  # the ensemble's total: every expert's passes are paid for
     per_sequence = [o.nfe_per_sequence for o in outs]
     experts = HexExperts(block_lengths=[b for b, _ in plan], steps=[s for _, s in plan], nfe=[o.nfe for o in outs],
-                         sequences=stacked, answers=answers, votes=votes, winner=winner)
+                         sequences=stacked, answers=answers, votes=votes, winner=winner,
+                         token_answers=token_answers, token_votes=token_votes, token_winner=token_winner)
     return GenerateOutput(
         sequences=sequences, nfe=nfe, tpf=gen_length / max(nfe, 1), seconds=sum(o.seconds for o in outs),
         forward_tokens=sum(o.forward_tokens for o in outs),

@@ -44,7 +44,8 @@ def equal_quality_ratio(result, candidate: str, baseline: Iterable[str], toleran
     rows = []
     for p in sorted(_pairs(result, [candidate]), key=lambda q: q.budget):
         ok = [b for b in base if b["quality"] >= p.quality - tolerance]
-        match = min(ok, key=lambda b: b["nfe"]) if ok else None
+        # the cheapest; among equally cheap points, one within the tolerance before one above it
+        match = min(ok, key=lambda b: (b["nfe"], b["quality"] > p.quality + tolerance)) if ok else None
         below = match is not None and p.quality < match["quality"] - tolerance
         rows.append({"budget": p.budget, "quality": p.quality, "nfe": p.nfe,
                      "baseline": match, "below": below,

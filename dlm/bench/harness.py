@@ -296,19 +296,32 @@ class _Runner:
 
 
 def _score_experts(experts, chunk, prompt_length, tokenizer, eos_id, task_of, into: dict) -> None:
-    """Add each HEX expert's task scores on this batch to `into[block_length]` (a list)."""
+    """Add each HEX expert's task scores on this batch to `into[block_length]` (a list), and the
+    score of the token-level vote's winner to `into["token_vote"]`."""
+    def score(ex, row):
+        text = tokenizer.decode(_cut_at_eos(row, eos_id), skip_special_tokens=True)
+        return float(task_of[ex.task].score(ex, text))
+
     for e, block in enumerate(experts.block_lengths):
         for ex, row in zip(chunk, experts.sequences[e, :, prompt_length:].tolist()):
-            text = tokenizer.decode(_cut_at_eos(row, eos_id), skip_special_tokens=True)
-            into.setdefault(block, []).append(float(task_of[ex.task].score(ex, text)))
+            into.setdefault(block, []).append(score(ex, row))
+    for r, (ex, w) in enumerate(zip(chunk, experts.token_winner)):
+        into.setdefault("token_vote", []).append(score(ex, experts.sequences[w, r, prompt_length:].tolist()))
 
 
 def _expert_summary(scores: dict, n: int) -> dict:
-    """`extra` of a HEX pair: each expert's quality (as if run alone, same passes) and the best."""
+    """`extra` of a HEX pair: each expert's quality (as if run alone, same passes), the best, and
+    the quality of the vote on generated tokens (the pair's own quality is the vote on the task's
+    parsed answers)."""
     if not scores:
         return {}
+    scores = dict(scores)
+    token_vote = scores.pop("token_vote", None)
     quality = {str(b): 100.0 * sum(v) / len(v) for b, v in sorted(scores.items())}
-    return {"expert_quality": quality, "best_expert_quality": max(quality.values())}
+    out = {"expert_quality": quality, "best_expert_quality": max(quality.values())}
+    if token_vote:
+        out["token_vote_quality"] = 100.0 * sum(token_vote) / len(token_vote)
+    return out
 
 
 def check_spec_blocks(specs: list[SamplerSpec], cfg: BenchConfig, budgets: list[int]) -> None:
@@ -415,13 +428,14 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
 
                     gen, row_nfe, nfe, ftok, sec, row_branches, experts = runner.run(spec, budget, ids, mask, generator, extract)
                     per_seq_branches.extend(row_branches)
+                    acc = per_suite.setdefault(suite, {"scores": [], "nfe": 0, "seconds": 0.0, "experts": {}})
                     if experts is not None:
                         _score_experts(experts, chunk, ids.shape[1], tokenizer, runner.eos_id, task_of, expert_scores)
+                        _score_experts(experts, chunk, ids.shape[1], tokenizer, runner.eos_id, task_of, acc["experts"])
                     seconds += sec
                     forward_tokens += ftok
                     call_nfe.append(nfe)
                     per_seq_nfe.extend(row_nfe)
-                    acc = per_suite.setdefault(suite, {"scores": [], "nfe": 0, "seconds": 0.0})
                     acc["nfe"] += sum(row_nfe)
                     acc["seconds"] += sec
                     for ex, row in zip(chunk, gen.tolist()):
@@ -462,12 +476,15 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, model=None, tokenizer=
 
 
 def _suite_summary(per_suite: dict, gen_length: int) -> dict:
-    """{suite: {n, quality, nfe, tpf, seconds}} of one pair, from its suite-pure batches."""
+    """{suite: {n, quality, nfe, tpf, seconds[, extra]}} of one pair, from its suite-pure batches
+    (`extra`: a HEX pair's expert summary on that suite's prompts)."""
     out = {}
     for suite, acc in per_suite.items():
         n, total_nfe = len(acc["scores"]), acc["nfe"]
         out[suite] = {"n": n, "quality": 100.0 * sum(acc["scores"]) / n, "nfe": total_nfe / n,
                       "tpf": n * gen_length / max(total_nfe, 1), "seconds": acc["seconds"]}
+        if acc.get("experts"):
+            out[suite]["extra"] = _expert_summary(acc["experts"], n)
     return out
 
 
@@ -524,10 +541,11 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
     bad = [s.label for s in specs if s.block_length is not None]
     if bad:
         raise ValueError(f"{', '.join(bad)}: an oracle suite fixes its own block length; drop block=")
-    oracle = suite.build()
+    # a suite whose prompts are drawn (the schedule oracle's scenarios) draws them from the run's seed
+    oracle = suite.build(seed=cfg.seed) if getattr(suite, "seeded", False) else suite.build()
     gen = oracle.gen_length
     block = cfg.block_length if gen % cfg.block_length == 0 else gen
-    temperature = 1.0 if cfg.temperature is None else cfg.temperature
+    temperature = getattr(suite, "temperature", 1.0) if cfg.temperature is None else cfg.temperature
     n = cfg.limit if cfg.limit is not None else suite.num_samples
     if n <= 0:
         raise ValueError("no examples to run: --limit is 0")
@@ -555,16 +573,19 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
                                    sampler=spec.name, sampler_config=spec.option_dict or None, temperature=temperature,
                                    generator=g, kv_cache=kv)
             metrics = suite.evaluate(oracle, out.sequences, seed=cfg.seed).to_dict()
-            if headline == "valid_fraction" or metrics.get("total_variation") is None:
-                quality = 100.0 * metrics["valid_fraction"]
-            else:
-                quality = 100.0 * (1.0 - metrics["total_variation"])
+            quality = _oracle_quality(metrics, headline)
+            if out.experts is not None:  # HEX: each expert scored as if run alone (same passes; no noise reference)
+                experts = {str(b): _oracle_quality(suite.evaluate(oracle, out.experts.sequences[e], seed=cfg.seed,
+                                                                  reference=False).to_dict(), headline)
+                           for e, b in enumerate(out.experts.block_lengths)}
+                metrics.update(expert_quality=experts, best_expert_quality=max(experts.values()))
             pairs.append(PairResult(
                 sampler=spec.label, budget=budget, engine="dlm", kv_cache=kv, n=n, quality=quality,
                 quality_by_task={suite.name: quality}, nfe=float(out.nfe), nfe_per_call=float(out.nfe),
                 tpf=gen / max(out.nfe, 1), tokens_per_s=n * gen / max(out.seconds, 1e-9), seconds=out.seconds,
                 forward_tokens=out.forward_tokens, peak_mem_mb=mem.peak_mb, mem_method=mem.method,
-                branch_forwards=float(out.branch_forwards), extra={k: _finite(v) for k, v in metrics.items()}))
+                branch_forwards=float(out.branch_forwards),
+                extra={k: (v if isinstance(v, dict) else _finite(v)) for k, v in metrics.items()}))
             if journal is not None:
                 journal.record(pairs[-1])
             bar.update(1)
@@ -575,6 +596,14 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
     if journal is not None:
         journal.finish(result)
     return result
+
+
+def _oracle_quality(metrics: dict, headline: str) -> float:
+    """Quality of an oracle pair: 100 x valid_fraction (the permutation oracle, exact answers), else
+    100 x (1 - total variation)."""
+    if headline == "valid_fraction" or metrics.get("total_variation") is None:
+        return 100.0 * metrics["valid_fraction"]
+    return 100.0 * (1.0 - metrics["total_variation"])
 
 
 def compare_to_baselines(result: BenchResult, tolerance: float = 1.0) -> dict:

@@ -73,9 +73,12 @@ def _generation(oracle, sequences: torch.Tensor) -> torch.Tensor:
 
 
 def _support_size(oracle) -> int:
+    """Sentences of positive probability an oracle can enumerate (its `support_size` when it knows
+    it, e.g. the keyed oracle's, else every sequence of symbols)."""
     if isinstance(oracle, PermutationOracle):
         return math.factorial(oracle.n)
-    return oracle.num_symbols ** oracle.gen_length
+    own = getattr(oracle, "support_size", None)
+    return own if own is not None else oracle.num_symbols ** oracle.gen_length
 
 
 @dataclass
@@ -582,6 +585,58 @@ class PivotTask(OracleTask):
         return pivot_metrics(oracle, sequences, **kwargs)
 
 
+@dataclass
+class AnswerMetrics:
+    """Outputs of the schedule oracle scored against each prompt's one right answer.
+
+    Attributes: num_samples (prompts); valid_fraction (share answered exactly: the quality);
+    total_variation None (deterministic answers: no distribution to compare)."""
+
+    num_samples: int
+    valid_fraction: float
+    total_variation: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ScheduleTask(OracleTask):
+    """The schedule oracle's suite (HEX's bed, `dlm.oracles.schedules`): `num_samples` prompts whose
+    scenarios are drawn from the run's seed, greedy decoding (`temperature` 0), quality = % exact
+    answers."""
+
+    gen_length: int = 32
+    temperature: float = 0.0
+    quality_metric: str = "exact answers (valid_fraction)"
+    seeded = True  # the bench draws the scenarios from its --seed
+
+    def build(self, num_samples: int | None = None, seed: int = 0):
+        from dlm.oracles.schedules import ScheduleOracle, draw_scenarios
+
+        n = num_samples or self.num_samples
+        return ScheduleOracle(draw_scenarios(n, self.gen_length, seed=seed), self.gen_length)
+
+    def prompts(self, oracle, num_samples: int | None = None, device=None) -> torch.Tensor:
+        n = num_samples or len(oracle.scenarios)
+        if n > len(oracle.scenarios):
+            raise ValueError(f"the schedule oracle holds {len(oracle.scenarios)} prompts; ask for at most that many")
+        return oracle.prompt(range(n)).to(device)
+
+    def generate_kwargs(self, oracle) -> dict:
+        return {"gen_length": oracle.gen_length, "mask_token_id": oracle.config.mask_token_id}
+
+    def evaluate(self, oracle, sequences: torch.Tensor, **kwargs) -> AnswerMetrics:
+        right = oracle.score(sequences.cpu(), range(sequences.shape[0]))
+        return AnswerMetrics(num_samples=int(right.numel()), valid_fraction=float(right.double().mean()))
+
+
+def _keyed_oracle():
+    from dlm.oracles.keyed import KeyedOracle
+
+    return KeyedOracle(groups=2, codewords=8, dependents=5, independents=2, independent_p=0.7, seed=0)
+
+
 ORACLE_SUITES: dict[str, OracleTask] = {
     "oracle-permutation": OracleTask(
         "oracle-permutation",
@@ -600,6 +655,23 @@ ORACLE_SUITES: dict[str, OracleTask] = {
         # noise of T dominates); random order at 4 tokens per step breaks runs (TV(S) ~0.8 at 512).
         lambda: PivotOracle(8, 8, 64, stay=0.95, seed=0, concentration=0.5),
         num_samples=1024),
+    # The beds of issue 44, one per seed sampler's own argument (docs/benchmarks.md, "Where each pays").
+    "oracle-keyed": OracleTask(
+        "oracle-keyed",
+        "fill order matters (LoPA): 2 keys of 8 codewords fixing 5 bits each, 2 independent 0.7/0.3 positions, length 14",
+        # 256 sentences; exact sampling at 2048 samples sits at TV ~0.13 (the finite-sample floor)
+        _keyed_oracle, num_samples=2048),
+    "oracle-runs": PivotTask(
+        "oracle-runs",
+        "confidence rises with context (Saber): sticky chain of 8 symbols (stay 0.9), length 64",
+        # one symbol per state: each committed token makes its neighbours 0.9 likely; ~6.3 switches
+        lambda: PivotOracle(8, 1, 64, stay=0.9, seed=0, concentration=0.5),
+        num_samples=1024,
+        quality_metric="1 - TV of the law of the number of symbol changes"),
+    "oracle-schedules": ScheduleTask(
+        "oracle-schedules",
+        "schedules fail differently (HEX): per-prompt padding collapse and late anchors, answers exact, gen 32",
+        None, num_samples=48),
 }
 ORACLE_SUITE_NAMES = tuple(ORACLE_SUITES)
 

@@ -270,6 +270,22 @@ def test_bench_runs_hex_with_the_suite_extractor(tiny_dir, tmp_path, capsys):
     pair = json.loads((tmp_path / "results.json").read_text())["pairs"][0]
     assert 8 < pair["nfe"] <= 24 and pair["branch_forwards"] == pair["nfe"]  # more than one expert's passes
     assert set(pair["extra"]["expert_quality"]) == {"4", "8", "16"}
+    assert 0 <= pair["extra"]["token_vote_quality"] <= 100  # the vote on tokens, kept beside the task vote
+
+
+def test_bench_reads_hex_experts_suite_by_suite(tiny_dir, tmp_path):
+    """A multi-suite run: each suite's view of a HEX pair carries that suite's experts, and the
+    whole run's expert quality is the prompt-weighted mean of the suites'."""
+    from dlm.bench import BenchConfig, run_bench
+
+    result = run_bench(BenchConfig(model=tiny_dir, suite="all", samplers=["hex:block_lengths=4/8"], steps=[16],
+                                   limit=1, gen_length=16, block_length=8, warmup=False), progress=False)
+    pair = result.pairs[0]
+    suites = pair.by_suite
+    assert set(suites) == {"list_edits", "arithmetic", "puzzles"}
+    for block in ("4", "8"):
+        weighted = sum(v["n"] * v["extra"]["expert_quality"][block] for v in suites.values()) / pair.n
+        assert weighted == pytest.approx(pair.extra["expert_quality"][block])
 
 
 def test_multi_suite_run_times_and_compares_each_suite_apart(tiny_dir, tmp_path, capsys):

@@ -39,3 +39,12 @@ def test_ratio_uses_the_cheapest_frontier_point_within_tolerance():
 def test_no_baseline_pairs_is_an_error():
     with pytest.raises(ValueError, match="no baseline pairs"):
         equal_quality_ratio(_result(), "lopa", ["confidence"])
+
+
+def test_equally_cheap_baseline_points_match_the_one_of_equal_quality():
+    """Two baseline points at the same cost, one within the tolerance of the candidate, one more
+    than a point above it: the candidate is at equal quality with the first, not below the second."""
+    result = BenchResult(config={"gen_length": 14}, meta={}, pairs=[
+        _pair("entropy", 14, 87.0, 14.0), _pair("random", 14, 86.1, 14.0), _pair("lopa", 14, 85.9, 6.0)])
+    row = equal_quality_ratio(result, "lopa", ["entropy", "random"], tolerance=1.0)[0]
+    assert row["baseline"]["sampler"] == "random" and not row["below"] and row["nfe_ratio"] == pytest.approx(14 / 6)

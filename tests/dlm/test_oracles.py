@@ -235,7 +235,8 @@ def test_oracle_metrics_exact_versus_parallel():
 
 
 def test_oracle_suites_are_registered_and_run():
-    assert set(ORACLE_SUITE_NAMES) == {"oracle-permutation", "oracle-hmm", "oracle-pivot"}
+    assert set(ORACLE_SUITE_NAMES) == {"oracle-permutation", "oracle-hmm", "oracle-pivot", "oracle-keyed",
+                                       "oracle-runs", "oracle-schedules"}  # the last three: tests/dlm/test_seed_beds.py
     with pytest.raises(ValueError, match="oracle-hmm"):
         get_oracle_suite("oracle-nope")
     for name in ("oracle-permutation", "oracle-hmm"):  # oracle-pivot: tests/dlm/test_pivot_oracle.py
