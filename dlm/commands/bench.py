@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from dlm._progress import show_progress
+from dlm.tasks.oracle_tasks import ORACLE_SUITE_NAMES
 from dlm.commands._common import KV_CACHE_CHOICES, check_output_dir, device_value, positive_int, temperature_value
 
 
@@ -28,7 +29,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="tiny-dlm", help="built-in name or checkpoint path (default: tiny-dlm)")
     p.add_argument("--suite", default="list_edits",
                    help="task suite (list_edits, arithmetic, puzzles, all, chains), a task name (copy, shuffle, ...), "
-                        "an oracle suite (oracle-permutation, oracle-hmm, oracle-pivot) or jsonl:PATH (default: list_edits)")
+                        f"an oracle suite ({', '.join(ORACLE_SUITE_NAMES)}) or jsonl:PATH (default: list_edits)")
     p.add_argument("--samplers", default="confidence,threshold",
                    help="comma-separated entries name[:key=value...]; kv=none|prefix|dual|prompt picks the cache per entry, "
                         "xblock=1 extends it across blocks, refresh=N rebuilds it every N steps, cut=1 cuts the window "
