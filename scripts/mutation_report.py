@@ -190,8 +190,23 @@ def _generate_mutants() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=STAGE, check=True, stdout=subprocess.DEVNULL)
 
 
-def _untested(group: str) -> list[str]:
-    return [key for path in group_files(group, STAGE) for key, code in _meta(path).items() if code is None]
+def _all_mutants(group: str) -> list[str]:
+    return sorted(key for path in group_files(group, STAGE) for key in _meta(path))
+
+
+def sample_of(group: str, size: int, seed: int = 0) -> list[str]:
+    """The first ``size`` mutants of the group in a fixed random order (the same seed gives the same
+    order, so a larger sample extends a smaller one)."""
+    import random
+    names = _all_mutants(group)
+    random.Random(f"{seed}:{group}").shuffle(names)
+    return names[:size]
+
+
+def _untested(group: str, sample: int | None = None) -> list[str]:
+    codes = {key: code for path in group_files(group, STAGE) for key, code in _meta(path).items()}
+    names = sample_of(group, sample) if sample is not None else sorted(codes)
+    return [key for key in names if codes[key] is None]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -208,7 +223,7 @@ def _stop(proc: subprocess.Popen) -> None:
             return
 
 
-def run(groups: list[str], minutes: float | None) -> None:
+def run(groups: list[str], minutes: float | None, sample: int | None = None) -> None:
     stage()
     _generate_mutants()
     deadline = None if minutes is None else time.monotonic() + 60 * minutes
@@ -219,7 +234,7 @@ def run(groups: list[str], minutes: float | None) -> None:
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(plugins),
                PYTEST_PLUGINS="mutation_test_order", MUTATION_DURATIONS=str(STAGE / "mutants" / "mutmut-stats.json"))
     for group in groups:
-        names = _untested(group)
+        names = _untested(group, sample)
         print(f"== {group}: {len(names)} mutants to test", flush=True)
         if not names:
             continue
@@ -284,8 +299,19 @@ def tally(group: str, equivalent: dict[str, tuple[str, str]]) -> dict:
             counts[field.get(status, "other")] += 1
     tested = counts["mutants"] - counts["untested"]
     scored = tested - counts["equivalent"]
-    counts["score"] = (counts["killed"] + counts["timeout"]) / scored if scored else None
+    caught = counts["killed"] + counts["timeout"]
+    counts["score"] = caught / scored if scored else None
+    counts["interval"] = wilson(caught, scored) if scored and counts["untested"] else None
     return counts
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion: the score's range when the tested mutants are a random
+    sample of the group (``run --sample``)."""
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def report(groups: list[str], json_path: str | None = None) -> None:
@@ -296,6 +322,8 @@ def report(groups: list[str], json_path: str | None = None) -> None:
     print("|" + "---|" * len(head))
     for group, c in rows.items():
         score = "-" if c["score"] is None else f"{100 * c['score']:.1f}%"
+        if c["interval"] is not None:
+            score += f" ({100 * c['interval'][0]:.0f}-{100 * c['interval'][1]:.0f}%)"
         print(f"| {group} | {c['mutants']} | {c['mutants'] - c['untested']} | {c['killed']} | {c['timeout']} | "
               f"{c['survived']} | {c['no_tests']} | {c['equivalent']} | {c['other']} | {score} |")
     stale = sum(c["stale_equivalent"] for c in rows.values())
@@ -314,17 +342,70 @@ def survivors(group: str) -> None:
                 print(mutant_diff(key))
 
 
+_KILLS_CHILD = """
+import json, os, sys
+import pytest
+names, tests = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+result = {}
+for name in names:
+    os.environ["MUTANT_UNDER_TEST"] = name
+    code = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *tests])
+    result[name] = int(code)
+print("KILLS-RESULT " + json.dumps(result))
+"""
+
+
+def kills(pattern: str, tests: list[str]) -> None:
+    """Which mutants matching ``pattern`` (an fnmatch pattern on mutant names, e.g. a function's
+    ``samplers.contract.x_tokens_this_step__mutmut_*``, or a group name for its survivors) the given
+    test files kill, run in one process against a scratch copy of the mutants. A quick check while
+    writing tests; the scores come from ``run``."""
+    scratch = WORK / "scratch"
+    shutil.copytree(STAGE / "mutants", scratch, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("*.meta", "mutmut-stats.json", ".hypothesis"))
+    rel = []
+    for test in tests:
+        path = Path(test).resolve().relative_to(ROOT)
+        (scratch / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, scratch / path)
+        rel.append(str(path))
+    if pattern in GROUPS:
+        names = [key for path in group_files(pattern, STAGE) for key, code in _meta(path).items()
+                 if _status(code) in ("survived", "no tests")]
+    else:
+        names = sorted({key for group in GROUPS for key in _all_mutants(group) if fnmatch.fnmatch(key, pattern)})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(scratch), OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", _KILLS_CHILD, json.dumps(names), json.dumps(rel)], cwd=scratch,
+                         env=env, capture_output=True, text=True)
+    line = [l for l in out.stdout.splitlines() if l.startswith("KILLS-RESULT ")]
+    if not line:
+        print(out.stdout[-3000:], out.stderr[-3000:])
+        raise SystemExit("the check did not finish")
+    result = json.loads(line[0].split(" ", 1)[1])
+    alive = [name for name, code in result.items() if code == 0]
+    print(f"{len(result) - len(alive)} of {len(result)} mutants killed by {' '.join(rel)}")
+    for name in alive:
+        print("alive:", name)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="test the mutants not yet tested, group by group")
     p_run.add_argument("groups", nargs="*", help=f"default: all, in this order: {' '.join(GROUPS)}")
     p_run.add_argument("--minutes", type=float, help="stop after this long (finished mutants keep their result)")
+    p_run.add_argument("--sample", type=int, help="test only this many mutants per group, drawn at random "
+                       "(a fixed order: a larger sample extends a smaller one); the report gives the "
+                       "score's 95%% interval")
     p_report = sub.add_parser("report", help="per-group table of the last results")
     p_report.add_argument("groups", nargs="*")
     p_report.add_argument("--json", help="also write the counts to this file")
     p_surv = sub.add_parser("survivors", help="the surviving mutants of one group with their diffs")
     p_surv.add_argument("group", choices=list(GROUPS))
+    p_kills = sub.add_parser("kills", help="which mutants some test files kill (a quick check, not a score)")
+    p_kills.add_argument("pattern", help="a group (its survivors) or a pattern of mutant names")
+    p_kills.add_argument("tests", nargs="+", help="test files")
     args = parser.parse_args(argv)
     for group in getattr(args, "groups", []) or []:
         if group not in GROUPS:
@@ -333,9 +414,11 @@ def main(argv=None) -> int:
         parser.error("mutmut is not installed: pip install -e '.[mutation]'")
     groups = getattr(args, "groups", None) or list(GROUPS)
     if args.command == "run":
-        run(groups, args.minutes)
+        run(groups, args.minutes, args.sample)
     elif args.command == "report":
         report(groups, args.json)
+    elif args.command == "kills":
+        kills(args.pattern, args.tests)
     else:
         survivors(args.group)
     return 0
