@@ -140,10 +140,31 @@ def _settings_fingerprint() -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def stage() -> None:
+def _tests_at(ref: str) -> dict[str, bytes]:
+    """The files under tests/ at git commit ``ref``."""
+    names = subprocess.run(["git", "ls-tree", "-r", "-z", "--name-only", ref, "--", "tests"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    return {name: subprocess.run(["git", "show", f"{ref}:{name}"], cwd=ROOT, check=True, capture_output=True).stdout
+            for name in names if name}
+
+
+def _write_if_changed(dst: Path, data: bytes, mode_from: Path | None = None) -> None:
+    if dst.exists() and dst.read_bytes() == data:
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(data)
+    if mode_from is not None:
+        shutil.copymode(mode_from, dst)
+
+
+def stage(tests_ref: str | None = None) -> None:
     """Copy the checkout into STAGE (only files whose content changed, so mutmut's caches hold) and
     undecorate the files of every group. mutmut re-makes the mutants of a file only when the file
-    changes, so a change of its settings or of this script starts the stage afresh."""
+    changes, so a change of its settings or of the staging starts the stage afresh.
+
+    tests_ref: take tests/ from this git commit instead of the checkout (the suite *before* new tests,
+    to measure the scores before and after on the same code); mutmut keeps a mutant's verdict, so
+    re-test a group's survivors after switching (``run GROUP --retest-survivors``)."""
     fingerprint = _settings_fingerprint()
     stamp = WORK / "settings.sha256"
     if STAGE.exists() and (not stamp.exists() or stamp.read_text() != fingerprint):
@@ -152,16 +173,24 @@ def stage() -> None:
     STAGE.mkdir(parents=True, exist_ok=True)
     stamp.write_text(fingerprint)
     mutated = {f for group in GROUPS for f in group_files(group)}
+    tests = _tests_at(tests_ref) if tests_ref else None
     for rel in _tracked_files():
-        src, dst = ROOT / rel, STAGE / rel
-        data = src.read_bytes()
+        if tests is not None and rel.startswith("tests/"):
+            continue
+        data = (ROOT / rel).read_bytes()
         if rel in mutated:
             data = undecorate(data.decode()).encode()
-        if dst.exists() and dst.read_bytes() == data:
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes(data)
-        shutil.copymode(src, dst)
+        _write_if_changed(STAGE / rel, data, ROOT / rel)
+    if tests is None:
+        tests = {rel: (ROOT / rel).read_bytes() for rel in _tracked_files() if rel.startswith("tests/")}
+    for rel, data in tests.items():
+        _write_if_changed(STAGE / rel, data)
+    # mutmut copies tests/ into mutants/ without deleting: remove the test files the chosen suite lacks.
+    for copy in (STAGE / "tests", STAGE / "mutants" / "tests"):
+        if copy.exists():
+            for path in copy.rglob("*.py"):
+                if str(Path("tests") / path.relative_to(copy)) not in tests:
+                    path.unlink()
 
 
 # ----------------------------------------------------------------------------------------- mutmut state
@@ -203,6 +232,12 @@ def sample_of(group: str, size: int, seed: int = 0) -> list[str]:
     return names[:size]
 
 
+def _survivors(group: str, sample: int | None = None) -> list[str]:
+    codes = {key: code for path in group_files(group, STAGE) for key, code in _meta(path).items()}
+    names = sample_of(group, sample) if sample is not None else sorted(codes)
+    return [key for key in names if _status(codes[key]) in ("survived", "no tests")]
+
+
 def _untested(group: str, sample: int | None = None) -> list[str]:
     codes = {key: code for path in group_files(group, STAGE) for key, code in _meta(path).items()}
     names = sample_of(group, sample) if sample is not None else sorted(codes)
@@ -223,8 +258,9 @@ def _stop(proc: subprocess.Popen) -> None:
             return
 
 
-def run(groups: list[str], minutes: float | None, sample: int | None = None) -> None:
-    stage()
+def run(groups: list[str], minutes: float | None, sample: int | None = None, tests_ref: str | None = None,
+        retest_survivors: bool = False) -> None:
+    stage(tests_ref)
     _generate_mutants()
     deadline = None if minutes is None else time.monotonic() + 60 * minutes
     plugins = WORK / "plugins"
@@ -232,9 +268,12 @@ def run(groups: list[str], minutes: float | None, sample: int | None = None) -> 
     shutil.copy(ROOT / "scripts" / "mutation_test_order.py", plugins / "mutation_test_order.py")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the tests import from mutants/
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(plugins),
-               PYTEST_PLUGINS="mutation_test_order", MUTATION_DURATIONS=str(STAGE / "mutants" / "mutmut-stats.json"))
+               PYTEST_PLUGINS="mutation_test_order", MUTATION_DURATIONS=str(STAGE / "mutants" / "mutmut-stats.json"),
+               MUTATION_MODULES=str(WORK / "modules.txt"))
     for group in groups:
         names = _untested(group, sample)
+        if retest_survivors:
+            names += _survivors(group, sample)
         print(f"== {group}: {len(names)} mutants to test", flush=True)
         if not names:
             continue
@@ -398,6 +437,9 @@ def main(argv=None) -> int:
     p_run.add_argument("--sample", type=int, help="test only this many mutants per group, drawn at random "
                        "(a fixed order: a larger sample extends a smaller one); the report gives the "
                        "score's 95%% interval")
+    p_run.add_argument("--tests-ref", help="take tests/ from this git commit (e.g. the commit before new tests)")
+    p_run.add_argument("--retest-survivors", action="store_true",
+                       help="also re-test the surviving mutants (after adding tests)")
     p_report = sub.add_parser("report", help="per-group table of the last results")
     p_report.add_argument("groups", nargs="*")
     p_report.add_argument("--json", help="also write the counts to this file")
@@ -414,7 +456,7 @@ def main(argv=None) -> int:
         parser.error("mutmut is not installed: pip install -e '.[mutation]'")
     groups = getattr(args, "groups", None) or list(GROUPS)
     if args.command == "run":
-        run(groups, args.minutes, args.sample)
+        run(groups, args.minutes, args.sample, args.tests_ref, args.retest_survivors)
     elif args.command == "report":
         report(groups, args.json)
     elif args.command == "kills":
