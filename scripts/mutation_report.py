@@ -304,7 +304,9 @@ def equivalents() -> dict[str, tuple[str, str]]:
     for raw in EQUIVALENT_FILE.read_text().splitlines():
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
-        name, line, reason = (part.strip() for part in raw.split(" | ", 2))
+        name, _, rest = raw.partition(" | ")
+        line, _, reason = rest.rpartition(" | ")  # the code line may hold " | " itself, the reason may not
+        name, line, reason = name.strip(), line.strip(), reason.strip()
         out[name] = (line, reason)
     return out
 

@@ -196,3 +196,56 @@ def test_random_order_commits_uniformly_among_the_candidates():
     assert committed.sum(dim=1).eq(1).all() and not committed[:, 1].any()
     freq = committed.double().mean(dim=0)
     assert torch.allclose(freq, torch.tensor([1 / 3, 0, 1 / 3, 1 / 3], dtype=torch.float64), atol=0.015)
+
+
+def test_factor_rule_accepts_confidences_exactly_at_the_bound():
+    # n equal confidences exactly at the n-th bound 1 - factor / (n + 1) (float64) pass every bound up to
+    # the n-th (the bounds grow with m): all n are accepted; a hair below, only n - 1.
+    from samplers.unmasking.threshold import factor_count
+    for n in (4, 6):
+        bound = 1 - 1.0 / (n + 1)
+        candidates = torch.ones(1, n + 1, dtype=torch.bool)
+        at = torch.tensor([[bound] * n + [0.1]], dtype=torch.float64)
+        assert factor_count(at, candidates, 1.0).tolist() == [n]
+        below = torch.tensor([[bound - 1e-12] * n + [0.1]], dtype=torch.float64)
+        assert factor_count(below, candidates, 1.0).tolist() == [n - 1]
+
+
+def test_tau_may_be_one_and_no_more():
+    assert get_sampler("threshold", tau=1.0).config.tau == 1.0
+    for bad in (1.5, 0.0):
+        with pytest.raises(ValueError, match="tau must be in"):
+            get_sampler("threshold", tau=bad)
+
+
+@pytest.mark.parametrize("name,config,temperature", [("random", {}, 0.0), ("random", {}, 1.0),
+                                                     ("confidence", {"alg_temp": 0.5}, 0.0),
+                                                     ("confidence", {}, 1.0)])
+def test_the_generator_alone_decides_the_draws(name, config, temperature):
+    """Two steps with generators of the same seed commit the same tokens whatever the global RNG did."""
+    rng = random.Random(5)
+    logits = torch.tensor([[[rng.gauss(0, 1) for _ in range(VOCAB)] for _ in range(6)] for _ in range(3)])
+    x = torch.full((3, 6), MASK)
+    results = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        ctx = StepContext(x=x, candidates=x == MASK, num_transfer=torch.tensor([1, 2, 3]), step=0, steps_in_block=4,
+                          last_step=False, temperature=temperature, generator=torch.Generator().manual_seed(0),
+                          mask_token_id=MASK)
+        results.append(get_sampler(name, **config).step(logits, ctx))
+    assert torch.equal(results[0].x, results[1].x) and torch.equal(results[0].proposal, results[1].proposal)
+
+
+def test_random_order_proposes_the_argmax_with_its_probability_at_temperature_zero():
+    rng = random.Random(6)
+    logits = [[[rng.gauss(0, 2) for _ in range(VOCAB)] for _ in range(5)] for _ in range(2)]
+    x = torch.full((2, 5), MASK)
+    ctx = StepContext(x=x, candidates=x == MASK, num_transfer=torch.tensor([2, 5]), step=0, steps_in_block=4,
+                      last_step=False, temperature=0.0, generator=torch.Generator().manual_seed(0), mask_token_id=MASK)
+    result = get_sampler("random").step(torch.tensor(logits), ctx)
+    for r in range(2):
+        ref = _stats(logits[r])
+        assert result.proposal[r].tolist() == [t[0] for t in ref]
+        assert torch.allclose(result.confidence[r].double(), torch.tensor([t[1] for t in ref], dtype=torch.float64),
+                              atol=1e-6)
+    assert (result.x != MASK).sum(dim=1).tolist() == [2, 5]
