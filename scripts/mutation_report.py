@@ -270,11 +270,15 @@ def run(groups: list[str], minutes: float | None, sample: int | None = None, tes
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(plugins),
                PYTEST_PLUGINS="mutation_test_order", MUTATION_DURATIONS=str(STAGE / "mutants" / "mutmut-stats.json"),
                MUTATION_MODULES=str(WORK / "modules.txt"))
-    for group in groups:
-        names = _untested(group, sample)
-        if retest_survivors:
-            names += _survivors(group, sample)
-        print(f"== {group}: {len(names)} mutants to test", flush=True)
+    # Groups one after the other (the first group's mutants are all tested before the next group's);
+    # with --sample, all groups in one mutmut run, since each run first runs its tests once unmutated.
+    batches = [groups] if sample is not None else [[group] for group in groups]
+    for batch in batches:
+        names = []
+        for group in batch:
+            todo = _untested(group, sample) + (_survivors(group, sample) if retest_survivors else [])
+            print(f"== {group}: {len(todo)} mutants to test", flush=True)
+            names += todo
         if not names:
             continue
         if deadline is not None and time.monotonic() >= deadline:
