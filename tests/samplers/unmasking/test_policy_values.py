@@ -249,3 +249,13 @@ def test_random_order_proposes_the_argmax_with_its_probability_at_temperature_ze
         assert torch.allclose(result.confidence[r].double(), torch.tensor([t[1] for t in ref], dtype=torch.float64),
                               atol=1e-6)
     assert (result.x != MASK).sum(dim=1).tolist() == [2, 5]
+
+
+def test_top_k_mask_breaks_ties_by_position_on_long_rows():
+    # 120 positions, every third one tied at the top: the k first of them by position are chosen (an
+    # unstable sort orders ties differently from 64 elements on).
+    scores = torch.zeros(2, 120, dtype=torch.float64)
+    scores[:, ::3] = 1.0
+    got = top_k_mask(scores, torch.ones(2, 120, dtype=torch.bool), torch.tensor([5, 30]))
+    assert got[0].nonzero().flatten().tolist() == [0, 3, 6, 9, 12]
+    assert got[1].nonzero().flatten().tolist() == list(range(0, 90, 3))
