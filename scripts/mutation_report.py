@@ -233,9 +233,12 @@ def sample_of(group: str, size: int, seed: int = 0) -> list[str]:
 
 
 def _survivors(group: str, sample: int | None = None) -> list[str]:
+    """The group's surviving mutants (of the sample), less those listed as equivalent."""
     codes = {key: code for path in group_files(group, STAGE) for key, code in _meta(path).items()}
     names = sample_of(group, sample) if sample is not None else sorted(codes)
-    return [key for key in names if _status(codes[key]) in ("survived", "no tests")]
+    equivalent = equivalents()
+    return [key for key in names if _status(codes[key]) in ("survived", "no tests")
+            and not (key in equivalent and _equivalent_holds(key, equivalent[key][0]))]
 
 
 def _untested(group: str, sample: int | None = None) -> list[str]:
