@@ -1,8 +1,11 @@
 """Mutation testing of the decision code with mutmut 3 (issue 42): stage, run, report.
 
-    scripts/mutation_report.sh run [GROUP ...] [--minutes N]   # test the mutants not yet tested
+    scripts/mutation_report.sh run [GROUP ...] [--sample N] [--minutes N] [--tests-ref COMMIT] [--retest-survivors]
     scripts/mutation_report.sh report [GROUP ...] [--json F]   # the per-group table from the last runs
     scripts/mutation_report.sh survivors GROUP                 # each surviving mutant and its diff
+    scripts/mutation_report.sh kills PATTERN TEST...           # which mutants some tests kill (a quick check)
+
+docs/testing.md, "Mutation testing", explains the options and holds the last scores.
 
 GROUPS (below) are the module groups of docs/testing.md. mutmut runs in a staged copy of this
 checkout (``.mutation/stage``, git-ignored; the tree you commit never holds mutated code): the tracked
