@@ -52,3 +52,13 @@ def test_the_policies_not_run_here_are_not_step_policies():
 
 def test_the_factor_rule_stays_on_the_logits_device():
     assert _step("threshold", 0.0, factor=1.0).x.device == META
+
+
+@pytest.mark.parametrize("stability", [0, 2])
+def test_adaptive_stopping_stays_on_the_canvas_device(stability):
+    from samplers.unmasking.entropy_bound import StableConfidentStop
+
+    stop = StableConfidentStop(stability, 0.1)
+    stop.reset(3, 5, META)
+    canvas = torch.empty(3, 5, dtype=torch.long, device=META)
+    assert stop(canvas, torch.empty(3, 5, device=META)).device == META
