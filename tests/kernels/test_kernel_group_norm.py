@@ -39,6 +39,12 @@ def test_bad_input():
 
 def test_triton_interpreter_matches_float64():
     pytest.importorskip("triton", reason="Triton not installed (pip install 'dlm-fast[kernels]'): the torch reference is used")
+    # The same call on this process's path first (the plain-torch fallback Triton replaces). It also tells
+    # mutation testing (docs/testing.md), which only sees calls made in this process, that this test
+    # exercises the launchers: their Triton branch then runs, mutated, in the interpreter below.
+    x = torch.randn(2, 6, 5, 7, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(group_norm_sliced(x, 3, None, None, 1e-5, 3, 3), F.group_norm(x, 3, eps=1e-5),
+                               atol=1e-5, rtol=1e-5)
     out = run_interpreted("""
         import torch, torch.nn.functional as F
         from kernels.group_norm import group_norm_sliced, group_stats, group_stats_ref
