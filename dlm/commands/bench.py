@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from dlm._progress import show_progress
-from dlm.tasks.oracle_tasks import ORACLE_SUITE_NAMES
+from dlm.tasks.oracle_names import ORACLE_SUITE_NAMES
 from dlm.commands._common import KV_CACHE_CHOICES, check_output_dir, device_value, positive_int, temperature_value
 
 

@@ -59,6 +59,7 @@ import torch
 from dlm.oracles.hmm import HMMOracle
 from dlm.oracles.permutation import PermutationOracle, sequence_codes
 from dlm.oracles.pivot import PivotOracle
+from dlm.tasks.oracle_names import ORACLE_SUITE_NAMES
 
 # Enumerating the support for distribution-level metrics is skipped beyond this many cells.
 MAX_DISTRIBUTION_CELLS = 200_000
@@ -673,7 +674,9 @@ ORACLE_SUITES: dict[str, OracleTask] = {
         "schedules fail differently (HEX): per-prompt padding collapse and late anchors, answers exact, gen 32",
         None, num_samples=48),
 }
-ORACLE_SUITE_NAMES = tuple(ORACLE_SUITES)
+if tuple(ORACLE_SUITES) != ORACLE_SUITE_NAMES:
+    raise ImportError("dlm/tasks/oracle_names.py must list the oracle suites of ORACLE_SUITES, in order: "
+                      f"{tuple(ORACLE_SUITES)}")
 
 
 def get_oracle_suite(name: str) -> OracleTask:
