@@ -107,9 +107,7 @@ class CFGDropper:
         tr = self.tracker
         tr.cfg = _is_cfg_batch(x, t)
         if not (tr.cfg and self.config.drop_cfg and tr.step >= self.config.gate_step):
-            tr.halved = False
             return forward(*args, **kwargs)
-        tr.halved = True
         tr.counters["calls_halved"] += 1
         full, i = x.shape[0], self.config.cond_index
         return _double(forward(*_take_half(args, full, i), **_take_half(kwargs, full, i)))
@@ -178,7 +176,7 @@ def apply_tgate(model: torch.nn.Module, config: TGateConfig) -> StepTracker:
         raise ValueError(f"{type(model).__name__} has no cross-attention for T-GATE to cache (joint-attention "
                          "models such as SD3 mix text and image tokens); use BlockCacheConfig or DeepCacheConfig")
     tracker = StepTracker()
-    tracker.cfg = tracker.halved = False
+    tracker.cfg = False
     for n, m in cross:
         register(m, CrossAttnHook(tracker, config, n), "tgate")
     if config.self_attn:

@@ -105,6 +105,11 @@ CASES = [((2, 3, 77), 16, "float32"), ((5, 130), 32, "float16"), ((1, 2, 19), 16
 
 def test_triton_interpreter_matches_float64():
     pytest.importorskip("triton", reason="Triton not installed (pip install 'dlm-fast[kernels]'): the torch reference is used")
+    # The same call on this process's path first (the plain-torch fallback): it tells mutation testing,
+    # which only sees calls made in this process, that this test exercises decode_stats's launch, which
+    # then runs, mutated, in the interpreter below.
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(decode_stats(x, block=16).token, x.argmax(-1))
     out = run_interpreted(f"""
         import json
         import torch

@@ -24,6 +24,18 @@ def test_combine_equals_whole():
     torch.testing.assert_close(rstd, xg.var(-1, unbiased=False).rsqrt())
 
 
+def test_two_dimensional_input_is_a_group_norm_of_channels():
+    """[N, C] is a valid GroupNorm input (torch accepts it); the launchers take it, and refuse one dimension."""
+    from kernels.group_norm import group_norm_apply, group_stats
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
+    s, q = group_stats(x, 3)
+    torch.testing.assert_close((s, q), group_stats_ref(x, 3))
+    mean, rstd = combine_stats([(s, q)], 2, 1e-5)
+    torch.testing.assert_close(group_norm_apply(x, mean, rstd), F.group_norm(x, 3, eps=1e-5), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"\[N, C, \.\.\.\]"):
+        group_stats(torch.randn(6), 3)
+
+
 def test_bad_input():
     x = torch.randn(2, 6, 4, 4)
     with pytest.raises(ValueError, match="slices"):
