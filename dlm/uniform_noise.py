@@ -495,14 +495,15 @@ class _GC:
 
 def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                  plan: CanvasPlan, make_rule: Callable[[int, int], Any], *, callback=None, return_trace: bool = False,
-                 progress: bool = False, nonfinite_check: Callable | None = None) -> GenerateOutput:
+                 progress: bool = False, nonfinite_check: Callable[[int, int, int], None]) -> GenerateOutput:
     """The canvas loop (phases in the module docstring). `make_rule(canvas_index, budget)` gives the
     rule for each canvas (`budget` is that canvas's share of `plan.steps`, or None).
 
     Shapes: input_ids `[B, P]`, attention_mask `[B, P]` (1 real, 0 left padding) or None. Returns
     `GenerateOutput.sequences [B, P + n*C]` with n canvases generated (fewer than the requested
     number when every row has ended), `nfe` decoder calls (batched), `nfe_per_sequence [B]` decoder
-    forwards each row took part in (transformers' count)."""
+    forwards each row took part in (transformers' count). `nonfinite_check(count, canvas_index, step)`
+    gets each step's number of undecodable positions (read with the live rows, no extra host sync)."""
     from transformers import DynamicCache
     from tqdm.auto import tqdm
 
@@ -553,15 +554,11 @@ def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tenso
             canvas = rule.canvas if live is None else rule.canvas[rows]
             sc = rule.soft if live is None or rule.soft is None else rule.soft[rows]
             logits = decoder(canvas, sc, rows, live)
-            bad = None if nonfinite_check is None else nonfinite_positions(logits)
+            bad = nonfinite_positions(logits)
             extra, extra_branches = rule.step(logits, rows, step, decoder, live)
             del logits, sc
-            status = rule.live_mask().long()
-            if bad is not None:
-                status = torch.cat([bad.view(1), status])
-            status = status.tolist()  # the step's one host read
-            if bad is not None:
-                nonfinite_check(status.pop(0), index, step)
+            status = torch.cat([bad.view(1), rule.live_mask().long()]).tolist()  # the step's one host read
+            nonfinite_check(status.pop(0), index, step)
             live = rule.next_live([row for row, on in enumerate(status) if on])
             if live is not None and len(live) == batch:
                 live = None

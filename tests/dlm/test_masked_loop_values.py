@@ -79,3 +79,48 @@ def test_a_prompt_without_the_separator_is_refused_naming_its_row():
     ids = torch.tensor([[3, 4, 7], [5, 6, 7], [5, 6, 4]])  # row 2 lacks the separator 7 at its end
     with pytest.raises(ValueError, match="prompt row 2 does not end with the model's prompt separator"):
         dlm.generate(TinyDLMModel(config).eval(), ids, gen_length=8, block_length=8, steps=8)
+
+
+def test_a_lookahead_call_on_finished_rows_costs_nothing_and_keeps_the_logits_shape():
+    """Every row's candidates end at EOS with nothing masked before it: no model call, and the sampler
+    still gets `[R, k, Lb, V]` logits (zeros, the mask token at -inf, as for the driver's own logits)."""
+    from dlm.masked_loop import _LookaheadForward
+
+    R, k, Lb, V, mask_id, eos_id = 2, 3, 4, 10, 9, 1
+    logits = torch.randn(R, Lb, V)
+    look = _LookaheadForward(forward=None, x_rows=torch.zeros(R, 6, dtype=torch.long), start=2, end=2 + Lb,
+                             mask_id=mask_id, allowance=5, eos_id=eos_id, like=logits)
+    out = look(torch.full((R, k, Lb), eos_id, dtype=torch.long))
+    assert out.shape == (R, k, Lb, V) and out.dtype == logits.dtype
+    assert (out[..., mask_id] == float("-inf")).all() and (out[..., :mask_id] == 0).all()
+    assert (look.calls, look.branches, look.free_calls, look.left) == (0, 0, 1, 5)
+
+
+def test_host_live_rows_are_made_on_the_loop_device():
+    """The host-side live rows index device tensors: they are made on the device given (meta: shape only,
+    no data, so a tensor left on the CPU would show), and are None when every row is live."""
+    from dlm.masked_loop import _host_index
+
+    index = _host_index([True, False, True], torch.device("meta"))
+    assert index.device.type == "meta" and index.shape == (2,) and index.dtype == torch.long
+    assert torch.equal(_host_index([False, True, True], "cpu"), torch.tensor([1, 2]))
+    assert _host_index([True, True], "cpu") is None
+
+
+def test_the_cache_handed_to_the_next_block_holds_its_rows():
+    """Block rows [3, 5, 7]; the cache kept only block rows 0 and 2 (batch rows 3 and 7) after row 5
+    finished. The next block decodes batch rows [3, 7] (the cache as it is) or [7] (its second row)."""
+    from types import SimpleNamespace
+
+    from dlm.masked_loop import _carry_cache
+
+    rows = torch.tensor([3, 5, 7])
+    cache = (torch.tensor([[30.0], [70.0]]), [torch.tensor([[31.0], [71.0]])])  # legacy nested [Rc, ...]
+    forward = SimpleNamespace(cache=cache, cache_rows=torch.tensor([0, 2]))
+    same, start = _carry_cache(forward, rows, 12, torch.tensor([3, 7]))
+    assert same is cache and start == 12
+    only_7, _ = _carry_cache(forward, rows, 12, torch.tensor([7]))
+    assert torch.equal(only_7[0], torch.tensor([[70.0]])) and torch.equal(only_7[1][0], torch.tensor([[71.0]]))
+    every_row = SimpleNamespace(cache=(torch.tensor([[30.0], [50.0], [70.0]]),), cache_rows=None)
+    assert torch.equal(_carry_cache(every_row, rows, 12, torch.tensor([5, 7]))[0][0], torch.tensor([[50.0], [70.0]]))
+    assert _carry_cache(SimpleNamespace(cache=None, cache_rows=None), rows, 12, rows) is None

@@ -61,3 +61,50 @@ def test_sub_blocks_share_the_canvas_budget_fairly(model):
     assert out.nfe == 8
     assert [int(t.committed.sum()) for t in out.trace] == [2] * 8
 
+
+
+@pytest.mark.parametrize("sampler", ["confidence", "lopa"])
+def test_nfe_counts_every_decoder_call_lookahead_branches_included(model, sampler):
+    """`nfe` is the number of (batched) decoder forwards: a hook on the decoder's first layer counts them,
+    LoPA's batched branch calls included (one call for all k branches of all rows)."""
+    calls = [0]
+    hook = model.model.decoder.layers[0].register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
+    try:
+        ids, mask = left_padded_prompts(2, 9, 0)
+        out = dlm.generate(model, ids, attention_mask=mask, sampler=sampler, steps=8, gen_length=32, block_length=8,
+                           generator=torch.Generator().manual_seed(0))
+    finally:
+        hook.remove()
+    assert out.nfe == calls[0] and out.nfe > 0
+
+
+class _Signature:
+    """A model stub with just what DiffusionGemmaCanvasModel reads at construction."""
+
+    def __init__(self, prepare):
+        from types import SimpleNamespace
+        self.config = SimpleNamespace(canvas_length=4, text_config=SimpleNamespace(vocab_size=10))
+        decoder = SimpleNamespace(embed_tokens=torch.nn.Embedding(10, 2), self_conditioning=torch.nn.Identity())
+        self.model = SimpleNamespace(decoder=decoder)
+        self._prepare_encoder_inputs = prepare
+
+
+def test_cache_keyword_follows_the_installed_transformers(model):
+    """transformers 5.24 renamed `past_key_values` to `cache`: the engine passes whichever name the installed
+    release's `_prepare_encoder_inputs` takes."""
+    import inspect
+
+    from dlm.uniform_noise import DiffusionGemmaCanvasModel
+
+    installed = DiffusionGemmaCanvasModel(model).cache_kw
+    assert installed in inspect.signature(model._prepare_encoder_inputs).parameters
+
+    def before_5_24(input_ids, attention_mask, encoder_position_ids, past_key_values, is_prefill, canvas_length,
+                    batch_size):
+        pass
+
+    def since_5_24(input_ids, attention_mask, encoder_position_ids, cache, is_prefill, canvas_length, batch_size):
+        pass
+
+    assert DiffusionGemmaCanvasModel(_Signature(before_5_24)).cache_kw == "past_key_values"
+    assert DiffusionGemmaCanvasModel(_Signature(since_5_24)).cache_kw == "cache"
