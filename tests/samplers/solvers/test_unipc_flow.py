@@ -215,3 +215,39 @@ def test_flow_refusals():
         UniPCSolver(**FLOW).add_noise(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([500]))
     with pytest.raises(ValueError, match="flow_prediction"):
         s.get_velocity(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([500]))
+
+
+def test_construction_checks_name_the_solver_and_load_the_fitted_schedule():
+    """Refusals at construction name the class; a fitted schedule is read at construction (a bad name
+    fails there, not at the first set_timesteps)."""
+    with pytest.raises(ValueError, match=r"^UniPCSolver does not support prediction_type='x0'"):
+        UniPCSolver(prediction_type="x0")
+    with pytest.raises(ValueError, match="no saved schedule 'no-such-schedule'"):
+        UniPCSolver(fitted_schedule="no-such-schedule")
+    assert UniPCSolver(fitted_schedule="digits").config.fitted_schedule == "digits"
+
+
+def test_get_velocity_is_diffusers_v_target():
+    """diffusers' UniPC has no get_velocity; DDPMScheduler's, on the same (default) betas, is the v-target."""
+    from diffusers import DDPMScheduler
+
+    ours, theirs = UniPCSolver(), DDPMScheduler()
+    g = torch.Generator().manual_seed(0)
+    sample, noise = torch.randn(2, 3, 4, 4, generator=g), torch.randn(2, 3, 4, 4, generator=g)
+    t = torch.tensor([10, 700])
+    torch.testing.assert_close(ours.get_velocity(sample, noise, t), theirs.get_velocity(sample, noise, t))
+
+
+def test_lpl_stop_callback_interrupts_once_the_scheduler_has_leaped():
+    from types import SimpleNamespace
+
+    from samplers.solvers.flow import lpl_stop_callback
+
+    kwargs = {"latents": torch.zeros(1)}
+    waiting = SimpleNamespace(scheduler=SimpleNamespace(leaped=False), _interrupt=False)
+    assert lpl_stop_callback(waiting, 3, 500, kwargs) is kwargs and waiting._interrupt is False
+    leaped = SimpleNamespace(scheduler=SimpleNamespace(leaped=True), _interrupt=False)
+    assert lpl_stop_callback(leaped, 4, 400, kwargs) is kwargs and leaped._interrupt is True
+    other = SimpleNamespace(scheduler=SimpleNamespace(), _interrupt=False)  # a scheduler that cannot leap
+    lpl_stop_callback(other, 4, 400, kwargs)
+    assert other._interrupt is False
