@@ -1,7 +1,7 @@
 """Mutation testing of the decision code with mutmut 3 (issue 42): stage, run, report.
 
     scripts/mutation_report.sh run [GROUP ...] [--sample N] [--minutes N] [--tests-ref COMMIT] [--retest-survivors]
-    scripts/mutation_report.sh report [GROUP ...] [--json F]   # the per-group table from the last runs
+    scripts/mutation_report.sh report [GROUP ...] [--sample N] [--json F]   # the per-group table (of the sample)
     scripts/mutation_report.sh survivors GROUP                 # each surviving mutant and its diff
     scripts/mutation_report.sh kills PATTERN TEST...           # which mutants some tests kill (a quick check)
 
@@ -301,7 +301,7 @@ def run(groups: list[str], minutes: float | None, sample: int | None = None, tes
         except KeyboardInterrupt:
             _stop(proc)
             raise
-    report(groups)
+    report(groups, sample=sample)
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -331,12 +331,19 @@ def _equivalent_holds(name: str, line: str) -> bool:
     return line in added
 
 
-def tally(group: str, equivalent: dict[str, tuple[str, str]]) -> dict:
+def tally(group: str, equivalent: dict[str, tuple[str, str]], sample: int | None = None) -> dict:
+    """Counts of the group's mutants by verdict, or of its random sample of ``sample`` (``run --sample``)
+    only: results of mutants outside the sample (earlier samples, ``kills`` checks) are left out, so
+    the score is that of one random sample. ``mutants`` is the group's size either way."""
     counts = dict(mutants=0, killed=0, timeout=0, survived=0, no_tests=0, untested=0, other=0, equivalent=0,
                   stale_equivalent=0)
+    chosen = set(sample_of(group, sample)) if sample is not None else None
     for path in group_files(group, STAGE):
         for key, code in _meta(path).items():
             counts["mutants"] += 1
+            if chosen is not None and key not in chosen:
+                counts["untested"] += 1
+                continue
             status = _status(code)
             if status == "not checked":
                 counts["untested"] += 1
@@ -365,9 +372,9 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def report(groups: list[str], json_path: str | None = None) -> None:
+def report(groups: list[str], json_path: str | None = None, sample: int | None = None) -> None:
     equivalent = equivalents()
-    rows = {group: tally(group, equivalent) for group in groups}
+    rows = {group: tally(group, equivalent, sample) for group in groups}
     head = ("group", "mutants", "tested", "killed", "timeout", "survived", "no tests", "equivalent", "other", "score")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -455,6 +462,8 @@ def main(argv=None) -> int:
     p_report = sub.add_parser("report", help="per-group table of the last results")
     p_report.add_argument("groups", nargs="*")
     p_report.add_argument("--json", help="also write the counts to this file")
+    p_report.add_argument("--sample", type=int, default=None,
+                          help="count only the random sample of N mutants per group that run --sample N tests")
     p_surv = sub.add_parser("survivors", help="the surviving mutants of one group with their diffs")
     p_surv.add_argument("group", choices=list(GROUPS))
     p_kills = sub.add_parser("kills", help="which mutants some test files kill (a quick check, not a score)")
@@ -470,7 +479,7 @@ def main(argv=None) -> int:
     if args.command == "run":
         run(groups, args.minutes, args.sample, args.tests_ref, args.retest_survivors)
     elif args.command == "report":
-        report(groups, args.json)
+        report(groups, args.json, args.sample)
     elif args.command == "kills":
         kills(args.pattern, args.tests)
     else:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the decision code (issue 42; docs/testing.md, "Mutation testing"). Not run in CI.
 #   scripts/mutation_report.sh run [GROUP ...] [--minutes N]   test the mutants not yet tested, group by group
-#   scripts/mutation_report.sh report [GROUP ...]              the per-group table (mutants, killed, ..., score)
+#   scripts/mutation_report.sh report [GROUP ...] [--sample N]   the per-group table (of the sample of N)
 #   scripts/mutation_report.sh survivors GROUP                 each surviving mutant with its diff
 #   scripts/mutation_report.sh kills PATTERN TEST...           which mutants some test files kill (quick check)
 # run options: --sample N (N random mutants per group), --minutes N, --tests-ref COMMIT, --retest-survivors.

@@ -150,6 +150,9 @@ def test_block_cache_skips_middle_blocks(models, name, last_blocks):
         assert calls[-1] == (STEPS if last_blocks else computed)
         assert calls[1:-1] == [computed] * (len(calls) - 2)
         assert tracker.counters["steps_cached"] == 4 and tracker.counters["steps_computed"] == computed
+        middle = len(calls) - 1 - last_blocks  # the cached range: after the probe, before the last blocks
+        assert tracker.counters["blocks_computed"] == computed * middle
+        assert tracker.counters["blocks_skipped"] == 4 * middle
     finally:
         for h in handles:
             h.remove()

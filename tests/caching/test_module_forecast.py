@@ -285,3 +285,17 @@ def test_offset_1_is_diffusers_taylorseer_bit_for_bit(models, interval):
         caching.remove(model)
     assert torch.equal(ours, theirs) and not torch.equal(ours, sample(model, STEPS))
     assert tracker.counters["steps_computed"] == len({0, 1, 2} | set(range(4, STEPS, interval)))
+
+
+def test_adaptive_rule_forecasts_below_the_threshold_within_the_interval():
+    """The adaptive schedule's rule, case by case: compute in the warm-up, after interval - 1 forecasts in
+    a row, when the probe changed by the threshold or more, and always with interval 1; else forecast."""
+    config = caching.ForecastConfig(threshold=0.1, interval=2, warmup_steps=3)
+    small, large, edge = torch.tensor(0.05), torch.tensor(0.5), torch.tensor(0.1)
+    assert config.adaptive_forecast(3, 0, small) is True
+    assert config.adaptive_forecast(2, 0, small) is False  # warm-up
+    assert config.adaptive_forecast(3, 1, small) is False  # interval 2: one forecast, then compute
+    assert config.adaptive_forecast(3, 0, large) is False and config.adaptive_forecast(3, 0, edge) is False
+    wide = caching.ForecastConfig(threshold=0.1, interval=4, warmup_steps=0)
+    assert [wide.adaptive_forecast(5, run, small) for run in range(4)] == [True, True, True, False]
+    assert caching.ForecastConfig(threshold=0.1, interval=1, warmup_steps=0).adaptive_forecast(5, 0, small) is False

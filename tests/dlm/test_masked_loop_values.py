@@ -124,3 +124,23 @@ def test_the_cache_handed_to_the_next_block_holds_its_rows():
     every_row = SimpleNamespace(cache=(torch.tensor([[30.0], [50.0], [70.0]]),), cache_rows=None)
     assert torch.equal(_carry_cache(every_row, rows, 12, torch.tensor([5, 7]))[0][0], torch.tensor([[50.0], [70.0]]))
     assert _carry_cache(SimpleNamespace(cache=None, cache_rows=None), rows, 12, rows) is None
+
+
+def test_a_lookahead_sampler_is_told_the_forwards_left_in_its_block():
+    """`ctx.forwards_left` (the API a lookahead sampler plans with) equals what `ctx.forward` still allows:
+    the block's steps not yet taken, 0 at the block's last step (no lookahead there)."""
+    from samplers.unmasking.confidence import ConfidenceSampler
+
+    class Spy(ConfidenceSampler):
+        looks_ahead = True
+
+        def step(self, logits, ctx):
+            seen.append((ctx.forwards_left, None if ctx.forward is None else ctx.forward.left))
+            return super().step(logits, ctx)
+
+    seen = []
+    ids = torch.randint(0, 13, (1, 5), generator=torch.Generator().manual_seed(1))
+    out = dlm.generate(ToyDLM(seed=4), ids, gen_length=16, block_length=8, steps=8, sampler=Spy(),
+                       kv_cache="none", eos_early_stop=False)
+    assert out.nfe == 8
+    assert seen == [(3, 3), (2, 2), (1, 1), (0, None)] * 2

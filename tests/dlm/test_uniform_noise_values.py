@@ -108,3 +108,11 @@ def test_cache_keyword_follows_the_installed_transformers(model):
 
     assert DiffusionGemmaCanvasModel(_Signature(before_5_24)).cache_kw == "past_key_values"
     assert DiffusionGemmaCanvasModel(_Signature(since_5_24)).cache_kw == "cache"
+
+
+def test_the_default_budget_in_sampler_mode_is_one_pass_per_position(model):
+    """Without steps, a canvas gets one pass per position (C), so one-at-a-time confidence commits fill
+    each of the two canvases in exactly C passes."""
+    ids, _ = left_padded_prompts(1, 9, 1)
+    out = dlm.generate(model, ids, sampler="confidence", gen_length=2 * CANVAS, generator=torch.Generator().manual_seed(0))
+    assert out.nfe == 2 * CANVAS

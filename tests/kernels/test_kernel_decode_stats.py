@@ -38,6 +38,15 @@ def test_float64_reference_against_definition():
     torch.testing.assert_close(r.entropy.double(), -(p * p.log()).sum(-1), atol=1e-6, rtol=0)
 
 
+def test_reference_returns_float32_statistics_for_every_input_dtype():
+    """The documented output: int64 tokens and float32 probability, margin and entropy, also for float64
+    logits (the float64 reference's accumulator)."""
+    x = torch.randn(3, 50, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    r = decode_stats_ref(x)
+    assert r.token.dtype == torch.int64
+    assert r.prob.dtype == r.margin.dtype == r.entropy.dtype == torch.float32
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="dtype"):
         decode_stats(torch.zeros(2, 8, dtype=torch.int64))

@@ -62,7 +62,9 @@ def test_triton_interpreter_matches_float64():
         from kernels.group_norm import group_norm_sliced, group_stats, group_stats_ref
         g = torch.Generator().manual_seed(0)
         for shape, G, dim, sl, dt, tol in [((2, 6, 5, 7), 3, 3, 3, torch.float32, 1e-5),
-                                          ((1, 4, 3, 3, 5), 2, 2, 2, torch.float16, 5e-3)]:
+                                          ((1, 4, 3, 3, 5), 2, 2, 2, torch.float16, 5e-3),
+                                          # 1,280 elements per group: more than one default block of 1,024
+                                          ((1, 2, 40, 32), 2, 2, 1, torch.float32, 1e-5)]:
             x = (torch.randn(*shape, generator=g) * 2 + 1).to(dt)
             w = torch.randn(shape[1], generator=g).to(dt)
             b = torch.randn(shape[1], generator=g).to(dt)

@@ -62,3 +62,29 @@ def test_adaptive_stopping_stays_on_the_canvas_device(stability):
     stop.reset(3, 5, META)
     canvas = torch.empty(3, 5, dtype=torch.long, device=META)
     assert stop(canvas, torch.empty(3, 5, device=META)).device == META
+
+
+@pytest.mark.parametrize("name", ["saber", "lopa", "threshold"])
+def test_rows_default_to_the_whole_batch_on_the_device(name):
+    """A hand-built context without `rows` (all rows in this step): the full-batch row indices the stateful
+    policies keep are made on the device of the inputs too."""
+    sampler = get_sampler(name)
+    rows, length, vocab = 2, 4, 9
+    ctx = StepContext(x=torch.empty(rows, length, dtype=torch.long, device=META),
+                      candidates=torch.empty(rows, length, dtype=torch.bool, device=META),
+                      num_transfer=torch.empty(rows, dtype=torch.long, device=META), step=1, steps_in_block=4,
+                      last_step=False, temperature=0.0, generator=None, mask_token_id=7,
+                      state=sampler.init_state(rows, 12, META), block_start=8, rows=None)
+    assert sampler.step(torch.empty(rows, length, vocab, device=META), ctx).x.device == META
+
+
+def test_step_rows_without_rows_are_every_row_on_the_context_device():
+    from samplers.unmasking._state import step_rows
+
+    ctx = StepContext(x=torch.empty(3, 4, dtype=torch.long, device=META), candidates=None, num_transfer=None, step=0,
+                      steps_in_block=1, last_step=True, temperature=0.0, generator=None, mask_token_id=7)
+    assert step_rows(ctx).device == META and step_rows(ctx).shape == (3,)
+    given = torch.tensor([4, 6])
+    assert step_rows(StepContext(x=torch.zeros(2, 4, dtype=torch.long), candidates=None, num_transfer=None, step=0,
+                                 steps_in_block=1, last_step=True, temperature=0.0, generator=None, mask_token_id=7,
+                                 rows=given)) is given
