@@ -151,13 +151,15 @@ def _tests_at(ref: str) -> dict[str, bytes]:
             for name in names if name}
 
 
-def _write_if_changed(dst: Path, data: bytes, mode_from: Path | None = None) -> None:
+def _write_if_changed(dst: Path, data: bytes, mode_from: Path | None = None) -> bool:
+    """Write ``data`` to ``dst`` unless it already holds it; True when it wrote."""
     if dst.exists() and dst.read_bytes() == data:
-        return
+        return False
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes(data)
     if mode_from is not None:
         shutil.copymode(mode_from, dst)
+    return True
 
 
 def stage(tests_ref: str | None = None) -> None:
@@ -186,8 +188,16 @@ def stage(tests_ref: str | None = None) -> None:
         _write_if_changed(STAGE / rel, data, ROOT / rel)
     if tests is None:
         tests = {rel: (ROOT / rel).read_bytes() for rel in _tracked_files() if rel.startswith("tests/")}
+    tests_changed = False
     for rel, data in tests.items():
-        _write_if_changed(STAGE / rel, data)
+        tests_changed |= _write_if_changed(STAGE / rel, data)
+    # mutmut learns which tests reach which function once, and afterwards only for test names it has
+    # not seen: a changed test body (a new call of a function) would keep its old, narrower reach and
+    # the mutants it now kills would stay survivors. So any change of the suite re-learns it all.
+    stats = STAGE / "mutants" / "mutmut-stats.json"
+    if tests_changed and stats.exists():
+        print("the suite changed: mutmut re-learns which tests reach which function", flush=True)
+        stats.unlink()
     # mutmut copies tests/ into mutants/ without deleting: remove the test files the chosen suite lacks.
     for copy in (STAGE / "tests", STAGE / "mutants" / "tests"):
         if copy.exists():
