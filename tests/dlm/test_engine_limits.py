@@ -52,10 +52,16 @@ def test_cpu_exponential_stream_is_chunk_invariant():
     assert torch.equal(whole, parts)
 
 
+@pytest.mark.parametrize("one_draw", [False, True], ids=["chunked-draws", "one-draw"])
 @pytest.mark.parametrize("live", [None, [1], [0, 2]])
-def test_race_entropy_argmax_equals_the_unchunked_rule(monkeypatch, live):
+def test_race_entropy_argmax_equals_the_unchunked_rule(monkeypatch, live, one_draw):
     """Against the unchunked computation (softmax over the whole table, one exponential draw for
-    every stream row, `exponential_race`'s selection), with chunks of 16 positions."""
+    every stream row, `exponential_race`'s selection), with chunks of 16 positions. `one_draw`: the
+    path of devices whose stream depends on the launch shape (CUDA), which draws the whole table in
+    one call and reads each segment at its stream offset (forced here on the CPU)."""
+    if one_draw:
+        import samplers.unmasking.entropy_bound as entropy_bound
+        monkeypatch.setattr(entropy_bound, "stream_invariant", lambda device: False)
     batch, C, V = 3, 32, 1000
     scaled = torch.randn(batch, C, V, generator=torch.Generator().manual_seed(1)) * 3
     rows = list(range(batch)) if live is None else live

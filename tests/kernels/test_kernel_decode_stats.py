@@ -47,6 +47,17 @@ def test_reference_returns_float32_statistics_for_every_input_dtype():
     assert r.prob.dtype == r.margin.dtype == r.entropy.dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_reference_accumulates_half_precision_logits_in_float32(dtype, chunk):
+    """The torch reference (the CPU path) upcasts half-precision logits before its sums, as the kernel
+    does: within the float32-accumulation tolerance of the float64 statistics of the same logits."""
+    V = 1000
+    x = (torch.randn(4, V, generator=torch.Generator().manual_seed(6)) * 4).to(dtype)
+    errors = _max_errors(decode_stats_ref(x, chunk=chunk), decode_stats_ref(x.double()))
+    assert all(errors[f] <= _tolerance(f, V) for f in errors), errors
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="dtype"):
         decode_stats(torch.zeros(2, 8, dtype=torch.int64))

@@ -214,6 +214,17 @@ def test_driver_guarantees_progress_and_fill():
     assert driver.max_steps() == 4
 
 
+def test_driver_guarantees_keep_committed_and_prompt_tokens():
+    """SGLang's block may hold committed tokens and prompt tokens equal to the mask id
+    (`dllm_prompt_mask`): a policy answer that rewrites them is put back, and only candidates fill."""
+    x = torch.tensor([[5, MASK, MASK, 3]])
+    candidates = torch.tensor([[False, True, False, False]])  # position 2 is a prompt token that is the mask id
+    answer = torch.tensor([[1, 2, 4, 0]])  # rewrites the committed 5 and 3 and the prompt's mask id
+    result = sglang_plugin.StepResult(answer, answer, torch.ones(1, 4))
+    kept = sglang_plugin.driver_guarantees(result, x, candidates, last=False, mask_id=MASK)
+    assert kept.tolist() == [[5, 2, MASK, 3]]
+
+
 # ---------------------------------------------------------------- part 2: inside SGLang's own code
 
 @pytest.fixture(scope="module")
