@@ -494,10 +494,10 @@ class _GC:
 
 
 def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                 plan: CanvasPlan, make_rule: Callable[[int, int], Any], *, callback=None, return_trace: bool = False,
+                 plan: CanvasPlan, make_rule: Callable[[int | None], Any], *, callback=None, return_trace: bool = False,
                  progress: bool = False, nonfinite_check: Callable[[int, int, int], None]) -> GenerateOutput:
-    """The canvas loop (phases in the module docstring). `make_rule(canvas_index, budget)` gives the
-    rule for each canvas (`budget` is that canvas's share of `plan.steps`, or None).
+    """The canvas loop (phases in the module docstring). `make_rule(budget)` gives the rule for
+    each canvas (`budget` is that canvas's share of `plan.steps`, or None).
 
     Shapes: input_ids `[B, P]`, attention_mask `[B, P]` (1 real, 0 left padding) or None. Returns
     `GenerateOutput.sequences [B, P + n*C]` with n canvases generated (fewer than the requested
@@ -539,7 +539,7 @@ def run_canvases(canvas_model: DiffusionGemmaCanvasModel, input_ids: torch.Tenso
         forward_tokens += batch * (prompt_length if index == 0 else C)
         # 1.b a canvas of random tokens and the rule's state
         budget = None if steps_left is None else block_budget(steps_left, n_canvases - index)
-        rule = make_rule(index, budget)
+        rule = make_rule(budget)
         rule.block_start = cur_len
         live = rule.start(batch, device, finished, finished_rows)  # host list of rows (None: all)
         decoder = _LiveDecoder(canvas_model, cache, decoder_mask2d, dec_positions, batch)
@@ -673,7 +673,7 @@ def run_uniform(model, input_ids: torch.Tensor, config, *, attention_mask=None, 
                                 stability_threshold=gc.stability_threshold, confidence_threshold=gc.confidence_threshold)
         plan = CanvasPlan(max_new, _id_list(gc.eos_token_id), gc.pad_token_id)
 
-        def make_rule(index, budget):
+        def make_rule(budget):
             return EntropyBoundRule(eb, gc.max_denoising_steps, V, C, cm.embed_dtype)
     else:
         policy = get_sampler(config.sampler, **(config.sampler_config or {}))
@@ -689,7 +689,7 @@ def run_uniform(model, input_ids: torch.Tensor, config, *, attention_mask=None, 
         pad = gc.pad_token_id if gc.pad_token_id is not None else getattr(text, "pad_token_id", None)
         plan = CanvasPlan(max_new, eos, pad, steps=steps)
         if getattr(policy, "uniform_native", False):
-            def make_rule(index, budget):
+            def make_rule(budget):
                 return EntropyBoundRule(policy.config, budget, V, C, cm.embed_dtype, generator=config.generator,
                                         full_stream=False)
         else:
@@ -699,7 +699,7 @@ def run_uniform(model, input_ids: torch.Tensor, config, *, attention_mask=None, 
                                  "uniform-noise model; use a sampler without a trained layer")
             state = policy.init_state(input_ids.shape[0], input_ids.shape[1] + n_canvases * C, input_ids.device)
 
-            def make_rule(index, budget):
+            def make_rule(budget):
                 return AcceptRule(policy, budget, C, block, V, cm.embed_dtype, config.temperature, config.generator,
                                   gc.t_min, gc.t_max, state, _enforce_contract)
 
@@ -711,8 +711,8 @@ def run_uniform(model, input_ids: torch.Tensor, config, *, attention_mask=None, 
         stats = (compiled(chunk_race, input_ids.device, draws=False),
                  compiled(chunk_entropy_argmax, input_ids.device, draws=False))
 
-        def make_rule(index, budget):
-            rule = base_rule(index, budget)
+        def make_rule(budget):
+            rule = base_rule(budget)
             if isinstance(rule, AcceptRule):
                 rule.sampler_step = compiled_sampler_step(rule.policy, input_ids.device, config.temperature)
             else:
