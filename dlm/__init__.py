@@ -11,14 +11,12 @@
     model = dlm.replica("llada-8b")   # random weights, LLaDA-8B's exact shapes (dlm.replicas)
 """
 import importlib
-import sys
-import types
 
 # Public names resolve on first use (PEP 562), so `import dlm` and the `dlm` command start without
 # torch and transformers; `dlm models` and `dlm --help` then answer in a fraction of a second.
 _LAZY = {
     "DLMAdapter": "dlm.adapters",
-    "GenerateOutput": "dlm.generate", "StepTrace": "dlm.generate", "generate": "dlm.generate",
+    "GenerateOutput": "dlm.generation", "StepTrace": "dlm.generation", "generate": "dlm.generation",
     "LoadedModel": "dlm.loading", "builtin_models": "dlm.loading", "load": "dlm.loading",
     "DLMPipeline": "dlm.pipeline", "DLMPipelineOutput": "dlm.pipeline",
     "replica": "dlm.replicas",
@@ -36,17 +34,3 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(list(globals()) + list(_LAZY))
-
-
-class _PackageModule(types.ModuleType):
-    """`dlm.generate` is the function, as with an eager `from dlm.generate import generate`: the
-    import system sets the submodule `dlm.generate` as a package attribute after loading it, and
-    this keeps the function there instead."""
-
-    def __setattr__(self, name, value):
-        if name == "generate" and isinstance(value, types.ModuleType):
-            value = value.generate
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _PackageModule

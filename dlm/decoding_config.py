@@ -3,7 +3,7 @@
 `generate(**kwargs)` builds a `DecodingConfig`; every field is checked when it is built, and a bad
 value raises a `ValueError` naming the field and the fix. What a model family cannot honour (a
 mask id on a model without masks, a KV-cache mode the family does not have) is refused by that
-family's strategy (`dlm.families`), never silently ignored. Frozen: the loops and the ensemble
+family's strategy (`dlm.engine.families`), never silently ignored. Frozen: the loops and the ensemble
 derive variants with `replace`, and the object the caller built is never changed.
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ class DecodingConfig:
                 raise ValueError(f"{name} must be a token id (an integer >= 0), got {value!r}")
 
     def _validate_window(self) -> None:
-        """The D2F-style block window (`dlm.block_window`): W >= 1 blocks, an opening fraction in [0, 1],
+        """The D2F-style block window (`dlm.engine.masked.window`): W >= 1 blocks, an opening fraction in [0, 1],
         no prefix/dual cache (their K/V belong to one block's prefix/suffix)."""
         w, at = self.window_blocks, self.window_open_at
         if not isinstance(w, int) or isinstance(w, bool) or w < 1:

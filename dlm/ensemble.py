@@ -10,7 +10,7 @@ arXiv:2510.05040).
 `dlm.generate(..., sampler="hex", sampler_config={...})` calls `run_hex` (voting on the
 generated tokens, since it knows no task); pass `extract` to `hex_generate` to vote on task answers
 (the benchmark passes each suite's extractor). The experts run through the family loops
-(`dlm.families.run_decoding`); the loops never call back here. The experts' step policy, block
+(`dlm.engine.families.run_decoding`); the loops never call back here. The experts' step policy, block
 lengths and passes come from `samplers.unmasking.hex.HexConfig` (`plan_experts`).
 
 Budget: by default (`HexConfig.budget="published"`) every expert decodes with
@@ -28,7 +28,7 @@ is one decoding call over all rows (rows batched, experts sequential). Stacking 
 rows of one call would need per-row block schedules in the driver; it is not done here.
 
 On a uniform-noise model (DiffusionGemma) an expert's block is a sub-block of the canvas (the
-canvas is decoded left to right in blocks of that length, `dlm.uniform_noise.AcceptRule`): the
+canvas is decoded left to right in blocks of that length, `dlm.engine.uniform.rules.AcceptRule`): the
 experts vary the semi-autoregressive schedule inside each canvas, as HEX varies it inside the
 generation, with the same pass rule per canvas (the total is summed over canvases and experts).
 """
@@ -41,7 +41,7 @@ import torch
 
 from dlm.adapters import DLMAdapter
 from dlm.decoding_config import DecodingConfig
-from dlm.families import UniformNoiseFamily, family_of, run_decoding
+from dlm.engine.families import UniformNoiseFamily, family_of, run_decoding
 from dlm.outputs import GenerateOutput
 from samplers import get_sampler
 from samplers.unmasking.hex import HexConfig, HexSampler, majority_vote, plan_experts
@@ -145,7 +145,7 @@ def _expert_plan(model, input_ids, decoding: DecodingConfig, config: HexConfig):
     """`(gen_length, [(block_length, steps)])`: the generation length and each expert's schedule;
     `decoding.steps` is the ensemble's total (None: the default of `config.budget`)."""
     if isinstance(family_of(model), UniformNoiseFamily):
-        from dlm.uniform_noise import planned_canvases
+        from dlm.engine.uniform.loop import planned_canvases
 
         canvas, n = planned_canvases(model, decoding, input_ids.shape[1])
         # Sub-blocks of one canvas, the rule applied canvas by canvas; steps stays the total.

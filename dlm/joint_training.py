@@ -266,7 +266,7 @@ def _sample_states(source: TrainingSource, setup: _Setup, batch: int, g: torch.G
 
 def _build_states(source: TrainingSource, setup: _Setup, idx: torch.Tensor, block: int, masked: torch.Tensor):
     """Pool rows `idx` with block `block` masked at `masked` `[B, Lb]` and the later blocks fully."""
-    from dlm.generate import _full_attention
+    from dlm.engine.masked.inputs import _full_attention
 
     lb, mask_id = source.block_length, source.mask_token_id
     x = setup.pool[idx].clone()
@@ -381,7 +381,7 @@ def _setup(source: TrainingSource, config: TrainJointConfig, features: str, g: t
 
 def _resolve_features(source: TrainingSource, adapter: DLMAdapter, features: str, hidden_size):
     """"auto" -> "hidden" when the model returns hidden states, else "logprobs"; and the hidden size."""
-    from dlm.generate import _full_attention
+    from dlm.engine.masked.inputs import _full_attention
 
     if features not in ("auto", "hidden"):
         return features, hidden_size

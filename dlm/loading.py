@@ -43,7 +43,7 @@ class LoadedModel:
     eos_token_id: int | None
     pad_token_id: int | None
     shift_logits: bool | None  # None for a uniform-noise model (its logits are aligned by design)
-    family: str = "masked"     # "masked" or "uniform-noise" (`dlm.families`)
+    family: str = "masked"     # "masked" or "uniform-noise" (`dlm.engine.families`)
 
     def __iter__(self):
         return iter((self.model, self.tokenizer))

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from dlm.generate import generate as run_generation
-from dlm.uniform_noise import is_uniform_noise_model
+from dlm.generation import generate as run_generation
+from dlm.engine.uniform.canvas_model import is_uniform_noise_model
 from dlm.loading import LoadedModel, load
 
 

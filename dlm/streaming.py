@@ -62,7 +62,7 @@ class TokenStream:
     def start(streamer: Any, model, input_ids: torch.Tensor, config, policy) -> "TokenStream":
         """The stream for one `generate` call (`config`: its `DecodingConfig`, `policy`: its sampler
         object or None). Checks the interface and batch 1 before anything is put."""
-        from dlm.uniform_noise import is_uniform_noise_model
+        from dlm.engine.uniform.canvas_model import is_uniform_noise_model
 
         check_streamer(streamer)
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:

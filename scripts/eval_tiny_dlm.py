@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dlm.generate import KV_CACHE_MODES  # noqa: E402
+from dlm.decoding_config import KV_CACHE_MODES  # noqa: E402
 from dlm.tasks import SUITES, get_suite  # noqa: E402
 from dlm.tiny import BUILTIN_MODELS, load_tiny_dlm  # noqa: E402
 
@@ -68,7 +68,7 @@ def decode(model, tok, prompts, args):
     ids, att = torch.tensor(ids), torch.tensor(att)
     P = ids.shape[1]
     if args.loop == "generate":
-        from dlm.generate import generate
+        from dlm.generation import generate
         out = generate(model, ids, attention_mask=att, gen_length=args.gen_length,
                        block_length=args.block_length, steps=args.steps, sampler=args.sampler,
                        mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,

@@ -54,9 +54,10 @@ EQUIVALENT_FILE = ROOT / "scripts" / "mutation_equivalent.txt"
 GROUPS: dict[str, list[str]] = {
     "unmasking": ["samplers/unmasking/*.py"],
     "contract": ["samplers/contract.py"],
-    "masked_loop": ["dlm/masked_loop.py"],
-    "uniform_noise": ["dlm/uniform_noise.py"],
-    "block_window": ["dlm/block_window.py"],
+    "driver": ["dlm/engine/*.py"],
+    "masked_loop": [f"dlm/engine/masked/{name}.py" for name in ("loop", "forward", "lookahead", "kv_cache", "eos", "inputs")],
+    "uniform_noise": ["dlm/engine/uniform/*.py"],
+    "block_window": ["dlm/engine/masked/window.py"],
     "solvers": [f"samplers/solvers/{name}.py" for name in ("ddim", "pndm", "dpmpp_2m", "dpm_solver", "unipc", "flow")],
     "caching": ["caching/*.py"],
     "kernels": ["kernels/*.py"],

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dlm.generate import generate  # noqa: E402
+from dlm.generation import generate  # noqa: E402
 from dlm.tasks import CHAIN_GEN_LENGTH, PROMPT_SUFFIX, SUITES, get_suite, subset_of  # noqa: E402
 from dlm.tasks.arithmetic import ArithmeticDrill, pad_numbers  # noqa: E402
 from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel  # noqa: E402

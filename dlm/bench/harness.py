@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from dlm.bench.external import external_rows
 from dlm.bench.memory import PeakMemory
 from dlm.bench.specs import SamplerSpec, parse_sampler_specs, parse_steps  # noqa: F401 (re-exported)
-from dlm.generate import KV_CACHE_MODES
+from dlm.decoding_config import KV_CACHE_MODES
 
 
 def load_model(name_or_path: str, device: str = "cpu"):
@@ -223,7 +223,7 @@ class _Runner:
     """Runs one sampler spec at one budget on one batch: our engine, or an external row."""
 
     def __init__(self, model, tokenizer, cfg: BenchConfig, ids: dict | None = None):
-        from dlm.uniform_noise import is_uniform_noise_model
+        from dlm.engine.uniform.canvas_model import is_uniform_noise_model
 
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.uniform_noise = is_uniform_noise_model(model)
@@ -348,7 +348,8 @@ def model_lengths(model, tasks=()) -> tuple[int, int]:
     `max_new_tokens` (64 if unset) and its `canvas_length`; for a masked model 32-token blocks and
     64 tokens, or the longest `gen_length` of `tasks` (a suite with long answers, e.g. chains)."""
     from dlm.tasks import tasks_gen_length
-    from dlm.uniform_noise import is_uniform_noise_model, resolve_generation_config
+    from dlm.engine.uniform.canvas_model import is_uniform_noise_model
+    from dlm.engine.uniform.loop import resolve_generation_config
 
     if not is_uniform_noise_model(model):
         return tasks_gen_length(tasks), 32

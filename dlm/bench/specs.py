@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlm.bench.external import external_rows
-from dlm.generate import KV_CACHE_MODES
+from dlm.decoding_config import KV_CACHE_MODES
 
 # ----------------------------------------------------------------------------- sampler specs
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def _check_modes(args) -> None:
 
 def run(args) -> int:
     import dlm
-    from dlm.schedule import validate_lengths
+    from dlm.engine.schedule import validate_lengths
     from samplers import get_sampler
 
     # Mistakes that need no model are reported before the (slow) load.
@@ -75,7 +75,7 @@ def run(args) -> int:
     validate_lengths(masked_length, args.block_length or masked_length, args.steps or masked_length)
     quiet_transformers()
     pipe = dlm.DLMPipeline.from_pretrained(args.model, device=args.device)
-    from dlm.uniform_noise import is_uniform_noise_model
+    from dlm.engine.uniform.canvas_model import is_uniform_noise_model
 
     uniform = is_uniform_noise_model(pipe.model)
     sampler = args.sampler if args.sampler is not None else ("diffusiongemma" if uniform else "threshold")

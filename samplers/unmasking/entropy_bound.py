@@ -15,7 +15,7 @@ Uniform-noise block diffusion (Austin et al. 2021, D3PM; Schiff et al. 2024, UDL
    mean entropy is below `confidence_threshold`; the canvas's output is its argmax.
 
 This file holds the rule once, in pure torch, for every place that runs it: the engine's exact
-reproduction of transformers' generate (`dlm.uniform_noise`, global torch RNG), the engine's
+reproduction of transformers' generate (`dlm.engine.uniform`, global torch RNG), the engine's
 sampler mode (`sampler="entropy_bound"`, a `torch.Generator`), and the masked engine (commit the
 accepted masked positions; the masked `eb` sampler is the same bound without the temperature
 schedule). Bit-exactness with transformers matters here: acceptance compares a float sum against
@@ -246,7 +246,7 @@ class StableConfidentStop:
 class EntropyBoundSampler(Sampler):
     """`entropy_bound`: DiffusionGemma's rule. On a uniform-noise model the engine runs it natively
     (accept by the bound over the whole canvas, renoise the rest, adaptive stopping, output the
-    argmax; `dlm.uniform_noise`). On a masked model it commits the masked positions the bound
+    argmax; `dlm.engine.uniform`). On a masked model it commits the masked positions the bound
     accepts (entropies at the scheduled temperature), each with the argmax token at the engine's
     greedy default (`temperature=0`) or a token drawn at the scheduled temperature when
     `temperature > 0` (the masked `eb` sampler uses the same bound on the untempered

@@ -22,7 +22,7 @@ threshold next time), others do not. LoPA searches over orders cheaply. One roun
 2-4 spawns 2-4 branches beside the anchor, i.e. branches 3-5 here.
 
 Published setting: D2F's multi-block window (`dlm.generate(window_blocks=..., window_open_at=...)`,
-see `dlm.block_window`): the block seen here is then the window's open blocks, the branches' extra
+see `dlm.engine.masked.window`): the block seen here is then the window's open blocks, the branches' extra
 tokens and the readiness score span all of them (only masks the step may fill count). With per-row
 EOS stop, a row whose anchor is finished (an EOS with no mask before it) leaves the lookahead call.
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import dlm
-from dlm.block_window import BlockWindow, fit_logits
+from dlm.engine.masked.window import BlockWindow, fit_logits
 from dlm.decoding_config import DecodingConfig
-from dlm.families import UniformNoiseFamily
+from dlm.engine.families import UniformNoiseFamily
 from samplers import get_sampler
 from samplers.unmasking.lopa import LopaSampler, lookahead_branches
 from toy_models import ToyDLM

@@ -1,4 +1,4 @@
-"""`dlm.block_window` value for value against a plain-Python reference of its rules (module docstring):
+"""`dlm.engine.masked.window` value for value against a plain-Python reference of its rules (module docstring):
 random windows, progress, EOS and heads, every row and block checked, and `fit_logits` position by
 position. test_block_window.py checks the window through generations and on two hand-made cases."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from dlm.block_window import BlockWindow, fit_logits
+from dlm.engine.masked.window import BlockWindow, fit_logits
 
 MASK, EOS = 9, 8
 

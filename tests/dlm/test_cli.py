@@ -73,6 +73,6 @@ def test_console_script_reports_errors_without_traceback():
 def test_cli_cache_choices_are_the_engine_modes():
     """The parser keeps its own torch-free copy of the modes; it must not drift from the engine's."""
     from dlm.commands._common import KV_CACHE_CHOICES
-    from dlm.generate import KV_CACHE_MODES
+    from dlm.decoding_config import KV_CACHE_MODES
 
     assert KV_CACHE_CHOICES == KV_CACHE_MODES

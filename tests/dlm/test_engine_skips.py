@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dlm
-from dlm.generate import _stop_at_eos
+from dlm.engine.masked.eos import _stop_at_eos
 from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel
 from toy_models import ToyDLM
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dlm
-from dlm.schedule import block_budget, tokens_this_step
+from dlm.engine.schedule import block_budget, tokens_this_step
 from toy_models import ShiftedToy, ToyDLM
 
 PROMPT = torch.tensor([[1, 2, 3, 4]])

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import dlm
-from dlm.generate import _stop_at_eos
-from dlm.masked_loop import _candidates_needing_model
+from dlm.engine.masked.eos import _stop_at_eos
+from dlm.engine.masked.eos import _candidates_needing_model
 from dlm.tiny import TinyDLMConfig, TinyDLMModel
 from samplers import get_sampler
 from toy_models import ToyDLM

@@ -84,7 +84,7 @@ def test_a_prompt_without_the_separator_is_refused_naming_its_row():
 def test_a_lookahead_call_on_finished_rows_costs_nothing_and_keeps_the_logits_shape():
     """Every row's candidates end at EOS with nothing masked before it: no model call, and the sampler
     still gets `[R, k, Lb, V]` logits (zeros, the mask token at -inf, as for the driver's own logits)."""
-    from dlm.masked_loop import _LookaheadForward
+    from dlm.engine.masked.lookahead import _LookaheadForward
 
     R, k, Lb, V, mask_id, eos_id = 2, 3, 4, 10, 9, 1
     logits = torch.randn(R, Lb, V)
@@ -99,7 +99,7 @@ def test_a_lookahead_call_on_finished_rows_costs_nothing_and_keeps_the_logits_sh
 def test_host_live_rows_are_made_on_the_loop_device():
     """The host-side live rows index device tensors: they are made on the device given (meta: shape only,
     no data, so a tensor left on the CPU would show), and are None when every row is live."""
-    from dlm.masked_loop import _host_index
+    from dlm.engine.driver import _host_index
 
     index = _host_index([True, False, True], torch.device("meta"))
     assert index.device.type == "meta" and index.shape == (2,) and index.dtype == torch.long
@@ -112,7 +112,7 @@ def test_the_cache_handed_to_the_next_block_holds_its_rows():
     finished. The next block decodes batch rows [3, 7] (the cache as it is) or [7] (its second row)."""
     from types import SimpleNamespace
 
-    from dlm.masked_loop import _carry_cache
+    from dlm.engine.masked.kv_cache import _carry_cache
 
     rows = torch.tensor([3, 5, 7])
     cache = (torch.tensor([[30.0], [70.0]]), [torch.tensor([[31.0], [71.0]])])  # legacy nested [Rc, ...]

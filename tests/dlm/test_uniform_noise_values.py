@@ -94,7 +94,7 @@ def test_cache_keyword_follows_the_installed_transformers(model):
     release's `_prepare_encoder_inputs` takes."""
     import inspect
 
-    from dlm.uniform_noise import DiffusionGemmaCanvasModel
+    from dlm.engine.uniform.canvas_model import DiffusionGemmaCanvasModel
 
     installed = DiffusionGemmaCanvasModel(model).cache_kw
     assert installed in inspect.signature(model._prepare_encoder_inputs).parameters

@@ -203,7 +203,7 @@ def _uniform(ctx: ReportContext, s: dict) -> dict:
 
 def _uniform_row(ctx, model, gc, batch, s, C, V) -> dict:
     import dlm
-    from dlm.uniform_noise import DiffusionGemmaCanvasModel
+    from dlm.engine.uniform.canvas_model import DiffusionGemmaCanvasModel
 
     gen = torch.Generator(device="cpu").manual_seed(batch)
     ids = torch.randint(3, V, (batch, s["prompt"]), generator=gen).to(ctx.device)

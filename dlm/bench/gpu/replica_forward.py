@@ -121,7 +121,7 @@ def _dgemma_calls(model, batch: int, prompt: int, device):
     encoder cache of a `prompt`-token prompt, through the engine's own `DiffusionGemmaCanvasModel`."""
     from transformers import DynamicCache
 
-    from dlm.uniform_noise import DiffusionGemmaCanvasModel
+    from dlm.engine.uniform.canvas_model import DiffusionGemmaCanvasModel
 
     canvas_model = DiffusionGemmaCanvasModel(model)
     C, V = canvas_model.canvas_length, canvas_model.vocab_size

@@ -97,7 +97,7 @@ def engine_run(name: str, prompt: torch.Tensor, gen_length: int, steps: int, tem
 
 
 def block_budgets(steps: int, steps_per_block: list[int]) -> list[int]:
-    """The engine's budget of each block (`dlm.schedule.block_budget` with roll-over of unused steps)."""
+    """The engine's budget of each block (`dlm.engine.schedule.block_budget` with roll-over of unused steps)."""
     budgets, left = [], steps
     for b, used in enumerate(steps_per_block):
         budgets.append(math.ceil(left / (len(steps_per_block) - b)))

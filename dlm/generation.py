@@ -2,7 +2,7 @@
 
 It validates the options into one `DecodingConfig`, hands an ensemble (`hex`) to `dlm.ensemble`
 (which calls the loops, never this module), and otherwise runs the loop of the model's family
-(`dlm.families`: masked diffusion in `dlm.masked_loop`, uniform noise in `dlm.uniform_noise`).
+(`dlm.engine.families`: masked diffusion in `dlm.engine.masked.loop`, uniform noise in `dlm.engine.uniform`).
 """
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from typing import Callable
 import torch
 
 from dlm.decoding_config import KV_CACHE_MODES, DecodingConfig
-from dlm.families import family_of, run_decoding
-from dlm.masked_loop import (_enforce_contract, _full_attention, _stop_at_eos, check_prompt_ids,  # noqa: F401
-                             resolve_kv_cache)
+from dlm.engine.families import family_of, run_decoding
 from dlm.outputs import GenerateOutput, NonFiniteLogitsError, StepTrace
 from samplers import Sampler, get_sampler
 
@@ -55,7 +53,7 @@ def generate(
     uniform-noise (transformers' DiffusionGemma).
 
     The keywords build one validated `DecodingConfig` (a bad value raises ValueError naming it);
-    the model's family (`dlm.families`) says which options apply and runs its loop. On a
+    the model's family (`dlm.engine.families`) says which options apply and runs its loop. On a
     DiffusionGemma model, with `sampler=None` (the default there) the engine runs transformers' own
     rule from `generation_config` (the model's own when omitted) and returns the tokens
     `model.generate(input_ids, generation_config=gc)` returns from the same `torch.manual_seed`,
@@ -130,7 +128,7 @@ def generate(
             sampler sees the open blocks as one block (a lookahead sampler's branches span them); the
             budget stays exact: the first unfinished block gets its usual share of `steps`, and its
             last pass fills it. Needs a sampler that does not remask, and kv_cache 'none' or 'prompt'
-            ('auto' picks one of them; 'prefix'/'dual' raise ValueError). See `dlm.block_window`.
+            ('auto' picks one of them; 'prefix'/'dual' raise ValueError). See `dlm.engine.masked.window`.
         callback / return_trace: observe each step as a `StepTrace`. When rows finish inside a step
             of a lookahead sampler (they leave its lookahead call), that step gives one record for
             its own pass and one per lookahead call, each over the rows it ran, so summing `forwards`

@@ -1,9 +1,9 @@
 """Model families: one strategy object per kind of diffusion LM, chosen from the model.
 
 - `MaskedFamily`: a mask token; a step commits masked positions (LLaDA, Dream, LLaDA2, block
-  diffusion, tiny-dlm). Runs `dlm.masked_loop.run_masked`.
+  diffusion, tiny-dlm). Runs `dlm.engine.masked.loop.run_masked`.
 - `UniformNoiseFamily`: no mask token; canvases of random tokens, a step accepts positions and
-  renoises the rest (DiffusionGemma). Runs `dlm.uniform_noise.run_canvases` with transformers'
+  renoises the rest (DiffusionGemma). Runs `dlm.engine.uniform.loop.run_canvases` with transformers'
   rule (exact mode, the model's `DiffusionGemmaGenerationConfig`) or with one of our samplers.
 
 Each strategy says which options it honours (`check`) and how to run one validated
@@ -30,7 +30,7 @@ class MaskedFamily:
 
     def run(self, model, input_ids, config: DecodingConfig, *, attention_mask=None, callback=None,
             return_trace: bool = False) -> GenerateOutput:
-        from dlm.masked_loop import run_masked
+        from dlm.engine.masked.loop import run_masked
 
         return run_masked(model, input_ids, config, attention_mask=attention_mask, callback=callback,
                           return_trace=return_trace)
@@ -72,7 +72,7 @@ class UniformNoiseFamily:
 
     def run(self, model, input_ids, config: DecodingConfig, *, attention_mask=None, callback=None,
             return_trace: bool = False) -> GenerateOutput:
-        from dlm.uniform_noise import run_uniform
+        from dlm.engine.uniform.loop import run_uniform
 
         return run_uniform(model, input_ids, config, attention_mask=attention_mask, callback=callback,
                            return_trace=return_trace)
@@ -80,7 +80,7 @@ class UniformNoiseFamily:
 
 def family_of(model: Any):
     """The strategy for `model`: uniform noise for DiffusionGemma, masked otherwise."""
-    from dlm.uniform_noise import is_uniform_noise_model
+    from dlm.engine.uniform.canvas_model import is_uniform_noise_model
 
     return UniformNoiseFamily() if is_uniform_noise_model(model) else MaskedFamily()
 

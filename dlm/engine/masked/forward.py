@@ -1,0 +1,197 @@
+"""The masked loop's model call for one block: the forward that owns the block's KV cache
+(none / prefix / dual / prompt modes of Fast-dLLM, the cross-block extension), aligned logits,
+live-row subsets and lookahead branches."""
+from __future__ import annotations
+
+import torch
+
+from dlm.adapters import DLMAdapter
+from dlm.engine.driver import _same_rows
+from dlm.engine.masked.kv_cache import _index_cache, _repeat_cache_rows, _slice_cache
+
+
+def resolve_kv_cache(kv_cache: str, adapter: DLMAdapter, *, cfg_scale: float = 0.0,
+                     needs_hidden_states: bool = False) -> str:
+    """The cache mode a call runs with: `kv_cache` itself, except "auto", which is the fastest exact
+    setting: "prompt" for a model that declares a prompt blind to the response (exact there), else
+    "none". Never an approximation, so "auto" gives the uncached engine's tokens on every model."""
+    if kv_cache != "auto":
+        return kv_cache
+    exact_prompt_cache = adapter.prompt_ignores_response and adapter.supports_kv_cache
+    return "prompt" if exact_prompt_cache and cfg_scale == 0 and not needs_hidden_states else "none"
+
+
+class _BlockForward:
+    """Produces aligned block logits for one block, owning the KV cache of that block.
+
+    It never feeds the model what cannot change the block's logits:
+    - a block-causal model (`DLMAdapter.block_causal`) gets only `x[:, :end]`: its positions before
+      `end` never attend past `end`, so the masked blocks after the current one are not computed;
+    - `live` (an index into the block's rows, see `_rows_needing_model`) drops rows whose answer is
+      already fixed; their logits come back as zeros, which the driver's EOS fill overwrites.
+    """
+
+    def __init__(self, adapter: DLMAdapter, mode: str, refresh_every: int, cfg_scale: float,
+                 prompt_length: int, attention_mask, position_ids, cut: bool = False):
+        self.adapter, self.mode, self.refresh_every = adapter, mode, refresh_every
+        # Feed `x[:, :end]` only: exact for a block-causal model, an opt-in approximation otherwise.
+        self.cut = adapter.block_causal or cut
+        self.cfg_scale, self.prompt_length = cfg_scale, prompt_length
+        self.attention_mask, self.position_ids = attention_mask, position_ids
+        self.cache = None
+        self.cache_rows = None  # `[Rc]` sorted block-row indices the cache holds (None: all rows)
+        self.forward_tokens = 0
+        # Hidden-state hook (joint sampler): when on, full forwards ask for the last hidden state.
+        self.want_hidden, self.hidden = False, None
+        self.carried = None  # (cache of the previous block for these rows, that block's start)
+        self._repeated = None  # (k, cache with each row repeated k times) for lookahead calls
+
+    def __call__(self, x: torch.Tensor, step: int, start: int, end: int,
+                 live: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+        """Logits `[R, end-start, V]` for the block, and whether a full forward ran.
+
+        `x` is `[R, L]`; with `live` (`[R']` sorted row indices) only those rows are forwarded and the
+        other rows' logits are zeros."""
+        a = self.adapter
+        self._adopt_prompt_cache()
+        refresh = bool(self.refresh_every) and step % self.refresh_every == 0
+        full = self.mode == "none" or refresh or (step == 0 and self.cache is None)
+        x_in, mask, pos = self._inputs(x, end, live)
+        if full and step == 0 and self.carried is not None and self.mode != "prompt":
+            raw, lo = self._extend(x_in, mask, pos)
+            logits = a.align(raw, lo, start, end)
+        elif full:
+            raw = self._full(x_in, mask, pos, live=live)
+            logits = a.align(raw, 0, start, end)
+            if self.hidden is not None:  # hidden-state hook: aligned like the logits
+                self.hidden = a.align(self.hidden, 0, start, end)
+        else:
+            lo, hi = self._window(x_in.shape[1], start, end)
+            raw = a.window(x_in, self._cache_for(live), lo, hi, mask, pos)
+            self.forward_tokens += x_in.shape[0] * (hi - lo)
+            logits = a.align(raw, lo, start, end)
+        if live is None:
+            return logits, full
+        out = logits.new_zeros((x.shape[0], *logits.shape[1:]))
+        out[live] = logits
+        if self.hidden is not None and self.hidden.shape[0] != x.shape[0]:
+            hidden = self.hidden.new_zeros((x.shape[0], *self.hidden.shape[1:]))
+            hidden[live] = self.hidden
+            self.hidden = hidden
+        return out, full
+
+    def _adopt_prompt_cache(self) -> None:
+        if self.mode == "prompt" and self.carried is not None and self.cache is None:
+            # the prompt's K/V came with the block: every step is a window over the response
+            self.cache, self.cache_rows = self.carried[0], None
+
+    def _window(self, length: int, start: int, end: int) -> tuple[int, int]:
+        """Positions `(lo, hi)` a cached step recomputes, for an input of `length` positions: the
+        block for "dual", the block to the end for "prefix", the whole response for "prompt"."""
+        if self.mode == "prompt":
+            return self._response_start(), length
+        shift = 1 if self.adapter.shift_logits else 0
+        return start - shift, (length if self.mode == "prefix" else end)
+
+    def _response_start(self) -> int:
+        """First position whose logits the response needs (one earlier for shifted models): where
+        the prompt cache ends."""
+        return self.prompt_length - (1 if self.adapter.shift_logits else 0)
+
+    def _inputs(self, x, end, live):
+        """The model's input: `x`, its attention mask and positions, cut to `:end` for a
+        block-causal model and to the `live` rows."""
+        return _select(x, self.attention_mask, self.position_ids, end if self.cut else None, live)
+
+    def _cache_for(self, live):
+        """The cache restricted to the `live` rows. Rows only ever leave within a block, so the
+        rows the cache holds (`cache_rows`, None for all) are a superset of `live`."""
+        held = self.cache_rows
+        if live is None or (held is not None and held.numel() == live.numel()):
+            return self.cache
+        return _index_cache(self.cache, live if held is None else torch.searchsorted(held, live))
+
+    def _extend(self, x, mask, pos) -> tuple[torch.Tensor, int]:
+        """Block start without a full forward: recompute only from the previous block's start (that
+        block is now decoded) to the end, against the prompt and earlier blocks' cached K/V.
+
+        Approximation (documented in `generate`): those cached K/V were computed when the later
+        positions still held masks; a full forward would recompute them with the decoded tokens."""
+        cache, lo = self.carried
+        raw, new_cache = self.adapter.extend(x, cache, lo, mask, pos)
+        if new_cache is None:
+            raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
+        self.cache, self.cache_rows = new_cache, None
+        self.forward_tokens += x.shape[0] * (x.shape[1] - lo)
+        return raw, lo
+
+    def branches(self, x: torch.Tensor, k: int, start: int, end: int, live: torch.Tensor | None = None) -> torch.Tensor:
+        """Aligned block logits `[R'*k, end-start, V]` for `x [R'*k, L]`: each of R' block rows
+        repeated k times (row-major), differing only inside the block. `live` (`[R']` sorted indices
+        into the block's rows, None for all) names the rows `x` holds: rows whose output is already
+        fixed leave lookahead calls too.
+
+        Reuses the block's KV cache when there is one (the prefix, and for "dual" also the suffix,
+        are identical for all k candidates of a row, so the cached K/V are repeated, not
+        recomputed); without a cache, or with a refresh at every step, it is one full forward over
+        all R'*k rows."""
+        a = self.adapter
+        self._adopt_prompt_cache()  # a block's first step may reuse logits and look ahead before any forward
+        mask, pos = (None if t is None else (t if live is None else t[live]).repeat_interleave(k, dim=0)
+                     for t in (self.attention_mask, self.position_ids))
+        x, mask, pos = _select(x, mask, pos, end if self.cut else None, None)
+        # With a refresh at every step the next step (which may reuse these logits instead of its own
+        # forward) promises a full forward, so the candidates get one too: exact, as without a cache.
+        if self.mode == "none" or self.cache is None or self.refresh_every == 1:
+            return a.align(self._full(x, mask, pos, keep_cache=False), 0, start, end)
+        held = self._repeated
+        if held is None or held[0] != k or not _same_rows(held[1], live):
+            self._repeated = held = (k, live, _repeat_cache_rows(self._cache_for(live), k))
+        lo, hi = self._window(x.shape[1], start, end)
+        raw = a.window(x, held[2], lo, hi, mask, pos)
+        self.forward_tokens += x.shape[0] * (hi - lo)
+        return a.align(raw, lo, start, end)
+
+    def _full(self, x: torch.Tensor, attention_mask, position_ids, keep_cache: bool = True, live=None) -> torch.Tensor:
+        """One full forward of `x` (already cut to the model's input, see `_select`)."""
+        a = self.adapter
+        self.forward_tokens += x.numel()
+        if self.cfg_scale > 0:
+            # LLaDA's CFG: the unconditional input masks the prompt; one batched call.
+            uncond = x.clone()
+            uncond[:, : self.prompt_length] = a.mask_token_id
+            both_mask = None if attention_mask is None else attention_mask.repeat(2, 1)
+            both_pos = None if position_ids is None else position_ids.repeat(2, 1)
+            logits, _ = a.full(torch.cat([x, uncond]), both_mask, both_pos)
+            self.forward_tokens += x.numel()
+            cond, un = logits.chunk(2)
+            # A token either pass rules out (-inf) keeps the conditional logit: the formula would give
+            # NaN (-inf - -inf) or +inf there, and a NaN is a silent wrong answer downstream.
+            ruled_out = torch.isneginf(cond) | torch.isneginf(un)
+            return torch.where(ruled_out, cond, un + (self.cfg_scale + 1) * (cond - un))
+        if self.want_hidden:  # kv_cache is "none" here (checked in generate)
+            raw, self.hidden = a.full_with_hidden(x, attention_mask, position_ids)
+            return raw
+        use_cache = keep_cache and self.mode != "none"
+        raw, cache = a.full(x, attention_mask, position_ids, use_cache=use_cache)
+        if use_cache:
+            if cache is None:
+                raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
+            if self.mode == "prompt":  # only the prompt's K/V are kept: they never go stale
+                cache = _slice_cache(cache, self._response_start())
+            self.cache, self._repeated, self.cache_rows = cache, None, live
+        return raw
+
+
+def _select(x, mask, pos, end, live):
+    """`x [R, L]` with its attention mask and positions (either may be None), cut to `:end` when
+    `end` is given (block-causal model) and to the `live` rows `[R']` when given."""
+    if end is not None:
+        x = x[:, :end]
+        mask = None if mask is None else mask[:, :end]
+        pos = None if pos is None else pos[:, :end]
+    if live is not None:
+        x = x[live]
+        mask = None if mask is None else mask[live]
+        pos = None if pos is None else pos[live]
+    return x, mask, pos

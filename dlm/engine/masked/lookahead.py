@@ -1,0 +1,56 @@
+"""`ctx.forward` of the masked loop: a lookahead sampler's candidate blocks, one batched call."""
+from __future__ import annotations
+
+import torch
+
+from dlm.engine.driver import _live_index, check_lookahead_call
+from dlm.engine.masked.eos import _candidates_needing_model
+from dlm.engine.masked.forward import _BlockForward
+
+
+class _LookaheadForward:
+    """`ctx.forward` of one step: logits of k candidate blocks per row, one batched model call each.
+
+    Counted by the driver: each call is one NFE and `k` branch forwards per row; calls stop at the
+    block's remaining share of the step budget (a further call raises). With `eos_id` (per-row EOS
+    stop on), rows whose output no candidate can change (`_candidates_needing_model`) leave the
+    call: their logits come back as zeros, and a call that leaves no row runs no model and costs
+    nothing (`free_calls`). `row_sets` records, per call that ran, the block rows it ran (None: all)."""
+
+    def __init__(self, forward: _BlockForward, x_rows: torch.Tensor, start: int, end: int, mask_id: int, allowance: int,
+                 eos_id: int | None = None, like: torch.Tensor | None = None):
+        self.forward, self.x_rows, self.start, self.end = forward, x_rows, start, end
+        self.mask_id, self.allowance, self.eos_id, self.like = mask_id, allowance, eos_id, like
+        self.calls, self.branches, self.free_calls = 0, 0, 0
+        self.row_sets: list[tuple[torch.Tensor | None, int]] = []
+
+    @property
+    def left(self) -> int:
+        return self.allowance - self.calls
+
+    def __call__(self, candidates: torch.Tensor) -> torch.Tensor:
+        """candidates: `[R, k, Lb]` long block tokens. Returns aligned logits `[R, k, Lb, V]`."""
+        R, Lb = self.x_rows.shape[0], self.end - self.start
+        check_lookahead_call(candidates, R, Lb, self.left, "block")
+        k = candidates.shape[1]
+        live = None
+        if self.eos_id is not None:
+            live = _live_index(_candidates_needing_model(candidates, self.eos_id, self.mask_id))
+        if live is not None and live.numel() == 0:
+            self.free_calls += 1  # every row is finished: no model call, nothing to count
+            out = self.like.new_zeros((R * k, Lb, self.like.shape[-1]))
+        else:
+            sub = candidates if live is None else candidates[live]
+            x = (self.x_rows if live is None else self.x_rows[live]).repeat_interleave(k, dim=0)
+            x[:, self.start:self.end] = sub.reshape(-1, Lb)
+            logits = self.forward.branches(x, k, self.start, self.end, live)
+            if live is None:
+                out = logits
+            else:
+                out = logits.new_zeros((R, k, *logits.shape[1:]))
+                out[live] = logits.view(live.numel(), k, *logits.shape[1:])
+            self.calls += 1
+            self.branches += k
+            self.row_sets.append((live, k))
+        out[..., self.mask_id] = float("-inf")  # as for the driver's own logits
+        return out.reshape(R, k, Lb, -1)

@@ -1,0 +1,1 @@
+"""The uniform-noise family (DiffusionGemma)."""
