@@ -17,6 +17,12 @@ import torch
 
 KV_CACHE_MODES = ("none", "prefix", "dual", "prompt", "auto")
 
+# The defaults a call resolves when an option is None, in one place (every entry point reads these).
+# Masked models: 64 new tokens; `threshold`, the fastest setting within 1 point of one token per step
+# on the built-in model's held-out suites (docs/dlm.md, "Defaults"), with kv_cache="auto".
+DEFAULT_GEN_LENGTH = 64
+DEFAULT_MASKED_SAMPLER = "threshold"
+
 
 def _positive_int_or_none(name: str, value: Any) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):

@@ -40,8 +40,8 @@ from typing import Callable, Hashable
 import torch
 
 from dlm.adapters import DLMAdapter
-from dlm.decoding_config import DecodingConfig
-from dlm.engine.families import UniformNoiseFamily, family_of, run_decoding
+from dlm.decoding_config import DEFAULT_GEN_LENGTH, DecodingConfig
+from dlm.engine.families import CallPlan, family_of, run_decoding
 from dlm.outputs import GenerateOutput
 from samplers import get_sampler
 from samplers.unmasking.hex import HexConfig, HexSampler, majority_vote, plan_experts
@@ -91,7 +91,7 @@ def generated_tokens_answer(eos_token_id: int | None) -> Callable[[int, torch.Te
     return extract
 
 
-def hex_generate(model, input_ids: torch.Tensor, *, gen_length: int | None = 64, steps: int | None = None,
+def hex_generate(model, input_ids: torch.Tensor, *, gen_length: int | None = DEFAULT_GEN_LENGTH, steps: int | None = None,
                  config: HexConfig | None = None, extract: Callable[[int, torch.Tensor], Hashable | None] | None = None,
                  callback=None, return_trace: bool = False, **generate_kwargs) -> GenerateOutput:
     """Run the HEX experts and majority-vote their answers, row by row.
@@ -126,36 +126,37 @@ def hex_generate(model, input_ids: torch.Tensor, *, gen_length: int | None = 64,
         raise ValueError(f"hex_generate sets {clash} per expert; set them in HexConfig instead")
     attention_mask = generate_kwargs.pop("attention_mask", None)
     decoding = DecodingConfig(gen_length=gen_length, steps=steps, **generate_kwargs)
-    return _run_experts(model, input_ids, decoding, config, extract, attention_mask, callback, return_trace)
+    return _run_experts(model, family_of(model), input_ids, decoding, config, extract, attention_mask, callback,
+                        return_trace)
 
 
-def run_hex(model, input_ids: torch.Tensor, decoding: DecodingConfig, *, attention_mask=None, callback=None,
+def run_hex(model, input_ids: torch.Tensor, plan: CallPlan, *, attention_mask=None, callback=None,
             return_trace: bool = False) -> GenerateOutput:
-    """`dlm.generate(..., sampler="hex")`: the experts of `decoding.sampler`'s HexConfig, voting on
-    the generated tokens. `block_length` is not used (documented in `dlm.generate`): each expert's
+    """`dlm.generate(..., sampler="hex")`: the experts of the plan's HexConfig, voting on the
+    generated tokens. `block_length` is not used (documented in `dlm.generate`): each expert's
     block length comes from `sampler_config["block_lengths"]`."""
-    policy = get_sampler(decoding.sampler, **(decoding.sampler_config or {}))
-    if decoding.cut_trailing_masks:
+    if plan.config.cut_trailing_masks:
         raise ValueError("cut_trailing_masks is not supported with an ensemble sampler (hex); drop it")
-    base = decoding.replace(sampler=None, sampler_config=None)
-    return _run_experts(model, input_ids, base, policy.config, None, attention_mask, callback, return_trace)
+    base = plan.config.replace(sampler=None, sampler_config=None)
+    return _run_experts(model, plan.family, input_ids, base, plan.policy.config, None, attention_mask, callback,
+                        return_trace)
 
 
-def _expert_plan(model, input_ids, decoding: DecodingConfig, config: HexConfig):
+def _expert_plan(family, model, input_ids, decoding: DecodingConfig, config: HexConfig):
     """`(gen_length, [(block_length, steps)])`: the generation length and each expert's schedule;
     `decoding.steps` is the ensemble's total (None: the default of `config.budget`)."""
-    if isinstance(family_of(model), UniformNoiseFamily):
-        from dlm.engine.uniform.loop import planned_canvases
+    if family.uniform:
+        from dlm.engine.uniform.plan import planned_canvases
 
         canvas, n = planned_canvases(model, decoding, input_ids.shape[1])
         # Sub-blocks of one canvas, the rule applied canvas by canvas; steps stays the total.
         return n * canvas, plan_experts(canvas, decoding.steps, config, canvases=n)
-    gen_length = 64 if decoding.gen_length is None else decoding.gen_length
+    gen_length = DEFAULT_GEN_LENGTH if decoding.gen_length is None else decoding.gen_length
     return gen_length, plan_experts(gen_length, decoding.steps, config)
 
 
-def _default_extract(model, decoding: DecodingConfig):
-    if isinstance(family_of(model), UniformNoiseFamily):
+def _default_extract(family, model, decoding: DecodingConfig):
+    if family.uniform:
         eos = decoding.eos_token_id
         if eos is None:
             eos = getattr(model.config.text_config, "eos_token_id", None)
@@ -183,11 +184,13 @@ def _vote(answers: list[list]) -> tuple[list[int], list]:
     return winner, votes
 
 
-def _run_experts(model, input_ids, decoding: DecodingConfig, config: HexConfig, extract, attention_mask, callback,
-                 return_trace) -> GenerateOutput:
-    gen_length, plan = _expert_plan(model, input_ids, decoding, config)
-    token_extract = _default_extract(model, decoding)
-    outs = [run_decoding(model, input_ids, decoding.replace(block_length=b, steps=s, sampler=config.expert),
+def _run_experts(model, family, input_ids, decoding: DecodingConfig, config: HexConfig, extract, attention_mask,
+                 callback, return_trace) -> GenerateOutput:
+    gen_length, plan = _expert_plan(family, model, input_ids, decoding, config)
+    token_extract = _default_extract(family, model, decoding)
+    expert = get_sampler(config.expert)  # one sampler object for every expert (state is per call)
+    outs = [run_decoding(model, input_ids, CallPlan(family, decoding.replace(block_length=b, steps=s,
+                                                                             sampler=config.expert), expert),
                          attention_mask=attention_mask, callback=callback, return_trace=return_trace)
             for b, s in plan]
     prompt_length = input_ids.shape[1]

@@ -11,9 +11,9 @@ from typing import Callable
 import torch
 
 from dlm.decoding_config import KV_CACHE_MODES, DecodingConfig
-from dlm.engine.families import family_of, run_decoding
+from dlm.engine.families import CallPlan, plan_call, run_decoding
 from dlm.outputs import GenerateOutput, NonFiniteLogitsError, StepTrace
-from samplers import Sampler, get_sampler
+from samplers import Sampler
 
 __all__ = ["DecodingConfig", "GenerateOutput", "KV_CACHE_MODES", "NonFiniteLogitsError", "StepTrace", "generate"]
 
@@ -157,17 +157,16 @@ def generate(
         cache_across_blocks=cache_across_blocks, cut_trailing_masks=cut_trailing_masks, eos_early_stop=eos_early_stop,
         shift_logits=shift_logits, generation_config=generation_config, progress=progress,
         window_blocks=window_blocks, window_open_at=window_open_at, compile=compile)
-    policy = None if sampler is None else get_sampler(sampler, **(sampler_config or {}))
+    plan = plan_call(model, config)  # the family decided and the sampler built, once
     if streamer is None:
-        return _run(model, input_ids, config, policy, attention_mask, callback, return_trace)
+        return _run(model, input_ids, plan, attention_mask, callback, return_trace)
     from dlm.streaming import TokenStream
 
-    stream = TokenStream.start(streamer, model, input_ids, config, policy)
+    stream = TokenStream.start(streamer, model, input_ids, plan)
     try:
         # the stream reads each step's tokens from the trace records; the trace itself is dropped
         # unless the caller asked for it
-        out = _run(model, input_ids, config, policy, attention_mask, stream.chain(callback),
-                   return_trace or stream.per_step)
+        out = _run(model, input_ids, plan, attention_mask, stream.chain(callback), return_trace or stream.per_step)
     except BaseException:
         stream.abort()
         raise
@@ -177,13 +176,13 @@ def generate(
     return out
 
 
-def _run(model, input_ids, config: DecodingConfig, policy, attention_mask, callback, return_trace) -> GenerateOutput:
-    if policy is not None and policy.ensemble:
+def _run(model, input_ids, plan: CallPlan, attention_mask, callback, return_trace) -> GenerateOutput:
+    if plan.ensemble:
         from dlm.ensemble import run_hex
 
         # the options must suit the family as the experts will run them
-        family_of(model).check(config.replace(sampler=policy.config.expert, sampler_config=None))
-        return run_hex(model, input_ids, config, attention_mask=attention_mask, callback=callback,
+        plan.family.check(plan.config.replace(sampler=plan.policy.config.expert, sampler_config=None))
+        return run_hex(model, input_ids, plan, attention_mask=attention_mask, callback=callback,
                        return_trace=return_trace)
-    return run_decoding(model, input_ids, config, attention_mask=attention_mask, callback=callback,
+    return run_decoding(model, input_ids, plan, attention_mask=attention_mask, callback=callback,
                         return_trace=return_trace)

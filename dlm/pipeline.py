@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dlm.generation import generate as run_generation
-from dlm.engine.uniform.canvas_model import is_uniform_noise_model
+from dlm.engine.families import family_of
 from dlm.loading import LoadedModel, load
 
 
@@ -123,7 +123,7 @@ class DLMPipeline:
         if not prompts:
             raise ValueError("prompt is an empty list; give at least one prompt")
         input_ids, attention = self.encode(prompts, use_chat_template)
-        if is_uniform_noise_model(self.model):
+        if family_of(self.model).uniform:
             # ids, lengths and stopping come from the model's generation config; nothing masked-only
             model_ids = {}
         else:

@@ -59,18 +59,19 @@ class TokenStream:
         streamer.put(input_ids.detach().cpu())  # transformers' generate puts the prompt first
 
     @staticmethod
-    def start(streamer: Any, model, input_ids: torch.Tensor, config, policy) -> "TokenStream":
-        """The stream for one `generate` call (`config`: its `DecodingConfig`, `policy`: its sampler
-        object or None). Checks the interface and batch 1 before anything is put."""
-        from dlm.engine.uniform.canvas_model import is_uniform_noise_model
+    def start(streamer: Any, model, input_ids: torch.Tensor, plan) -> "TokenStream":
+        """The stream for one `generate` call (`plan`: its `dlm.engine.families.CallPlan`). Checks the
+        interface and batch 1 before anything is put."""
+        from dlm.decoding_config import DEFAULT_GEN_LENGTH
 
+        config, policy = plan.config, plan.policy
         check_streamer(streamer)
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
             raise ValueError(f"streamer takes one prompt (batch 1, as transformers' streamers do); input_ids has "
                              f"shape {shape}: generate the rows one at a time, or drop streamer")
-        ensemble = policy is not None and policy.ensemble
-        if is_uniform_noise_model(model):
+        ensemble = plan.ensemble
+        if plan.family.uniform:
             drafts = config.sampler is None and callable(getattr(streamer, "put_draft", None))
             if drafts and getattr(streamer, "_takes_logits", False):
                 raise ValueError("streamer._takes_logits is True, but dlm's engine gives drafts as token ids "
@@ -80,7 +81,7 @@ class TokenStream:
         from dlm.adapters import DLMAdapter
 
         adapter = DLMAdapter.wrap(model, mask_token_id=config.mask_token_id, eos_token_id=config.eos_token_id)
-        gen_length = 64 if config.gen_length is None else config.gen_length
+        gen_length = DEFAULT_GEN_LENGTH if config.gen_length is None else config.gen_length
         remasks = bool(policy is not None and policy.remasks)
         return PrefixStream(streamer, input_ids, mask_id=adapter.mask_token_id, eos_id=adapter.eos_token_id,
                             gen_length=gen_length, block_length=config.block_length or gen_length,

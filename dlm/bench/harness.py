@@ -223,10 +223,10 @@ class _Runner:
     """Runs one sampler spec at one budget on one batch: our engine, or an external row."""
 
     def __init__(self, model, tokenizer, cfg: BenchConfig, ids: dict | None = None):
-        from dlm.engine.uniform.canvas_model import is_uniform_noise_model
+        from dlm.engine.families import family_of
 
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
-        self.uniform_noise = is_uniform_noise_model(model)
+        self.uniform_noise = family_of(model).uniform
         self._rows: dict = {}
         ids = ids or {}
         config = getattr(model, "config", None)
@@ -348,10 +348,10 @@ def model_lengths(model, tasks=()) -> tuple[int, int]:
     `max_new_tokens` (64 if unset) and its `canvas_length`; for a masked model 32-token blocks and
     64 tokens, or the longest `gen_length` of `tasks` (a suite with long answers, e.g. chains)."""
     from dlm.tasks import tasks_gen_length
-    from dlm.engine.uniform.canvas_model import is_uniform_noise_model
-    from dlm.engine.uniform.loop import resolve_generation_config
+    from dlm.engine.families import family_of
+    from dlm.engine.uniform.plan import resolve_generation_config
 
-    if not is_uniform_noise_model(model):
+    if not family_of(model).uniform:
         return tasks_gen_length(tasks), 32
     return resolve_generation_config(model, None).max_new_tokens or 64, int(model.config.canvas_length)
 

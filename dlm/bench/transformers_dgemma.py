@@ -43,7 +43,7 @@ def generation_config_for(model, budget: int, gen_length: int, options: dict | N
     The model's own config is resolved the way `generate` resolves it and copied; the model is untouched."""
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
 
-    from dlm.engine.uniform.loop import resolve_generation_config
+    from dlm.engine.uniform.plan import resolve_generation_config
 
     options = dict(options or {})
     gc = resolve_generation_config(model, None)

@@ -75,9 +75,9 @@ def run(args) -> int:
     validate_lengths(masked_length, args.block_length or masked_length, args.steps or masked_length)
     quiet_transformers()
     pipe = dlm.DLMPipeline.from_pretrained(args.model, device=args.device)
-    from dlm.engine.uniform.canvas_model import is_uniform_noise_model
+    from dlm.engine.families import family_of
 
-    uniform = is_uniform_noise_model(pipe.model)
+    uniform = family_of(pipe.model).uniform
     sampler = args.sampler if args.sampler is not None else ("diffusiongemma" if uniform else "threshold")
     generator = seeded_generator(args.seed)
     if uniform and args.sampler is None:

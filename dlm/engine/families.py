@@ -6,33 +6,44 @@
   renoises the rest (DiffusionGemma). Runs `dlm.engine.uniform.loop.run_canvases` with transformers'
   rule (exact mode, the model's `DiffusionGemmaGenerationConfig`) or with one of our samplers.
 
-Each strategy says which options it honours (`check`) and how to run one validated
-`DecodingConfig`; `dlm.generate` and the HEX ensemble call `run_decoding`, and nothing here calls
-back into the ensemble. The next family is a new strategy, not a new branch inside a loop.
+The family is decided once per call (`family_of`, the one place that looks at the model) and, with
+the sampler built once, makes the call's `CallPlan`; every consumer (generate, streaming, the
+ensemble, the pipeline, the CLI, the bench) reads the plan or `family_of`. Each strategy says which
+options it honours (`check`), which sampler a call runs (`policy`) and how to run one validated
+`DecodingConfig` (`run`); nothing here calls back into the ensemble. The next family is a new
+strategy, not a new branch inside a loop.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from dlm.decoding_config import DecodingConfig
+from dlm.decoding_config import DEFAULT_MASKED_SAMPLER, DecodingConfig
 from dlm.outputs import GenerateOutput, StepTrace
+from samplers import Sampler, get_sampler
 
 
 class MaskedFamily:
     name = "masked"
+    uniform = False
 
     def check(self, config: DecodingConfig) -> None:
         if config.generation_config is not None:
             raise ValueError("generation_config is for uniform-noise models (DiffusionGemma); a masked diffusion LM "
                              "takes gen_length / block_length / steps / sampler instead")
 
-    def run(self, model, input_ids, config: DecodingConfig, *, attention_mask=None, callback=None,
+    def policy(self, config: DecodingConfig) -> Sampler:
+        """The sampler the call runs: `config.sampler` (default `threshold`) with `sampler_config`."""
+        name = DEFAULT_MASKED_SAMPLER if config.sampler is None else config.sampler
+        return get_sampler(name, **(config.sampler_config or {}))
+
+    def run(self, model, input_ids, config: DecodingConfig, policy: Sampler, *, attention_mask=None, callback=None,
             return_trace: bool = False) -> GenerateOutput:
         from dlm.engine.masked.loop import run_masked
 
-        return run_masked(model, input_ids, config, attention_mask=attention_mask, callback=callback,
+        return run_masked(model, input_ids, config, policy, attention_mask=attention_mask, callback=callback,
                           return_trace=return_trace)
 
 
@@ -53,6 +64,7 @@ _MASKED_ONLY = {
 
 class UniformNoiseFamily:
     name = "uniform-noise"
+    uniform = True
 
     def check(self, config: DecodingConfig) -> None:
         given = config.given()
@@ -70,28 +82,59 @@ class UniformNoiseFamily:
             raise ValueError("steps / temperature / sampler_config need sampler=...; transformers' rule takes "
                              "max_denoising_steps, t_max, t_min and sampler_config in generation_config")
 
-    def run(self, model, input_ids, config: DecodingConfig, *, attention_mask=None, callback=None,
-            return_trace: bool = False) -> GenerateOutput:
+    def policy(self, config: DecodingConfig) -> Sampler | None:
+        """The sampler the call runs, or None for transformers' own rule (`sampler=None`)."""
+        return None if config.sampler is None else get_sampler(config.sampler, **(config.sampler_config or {}))
+
+    def run(self, model, input_ids, config: DecodingConfig, policy: Sampler | None, *, attention_mask=None,
+            callback=None, return_trace: bool = False) -> GenerateOutput:
         from dlm.engine.uniform.loop import run_uniform
 
-        return run_uniform(model, input_ids, config, attention_mask=attention_mask, callback=callback,
+        return run_uniform(model, input_ids, config, policy, attention_mask=attention_mask, callback=callback,
                            return_trace=return_trace)
 
 
-def family_of(model: Any):
-    """The strategy for `model`: uniform noise for DiffusionGemma, masked otherwise."""
-    from dlm.engine.uniform.canvas_model import is_uniform_noise_model
-
-    return UniformNoiseFamily() if is_uniform_noise_model(model) else MaskedFamily()
+UNIFORM_MODEL_TYPES = ("diffusion_gemma",)
 
 
-def run_decoding(model, input_ids: torch.Tensor, config: DecodingConfig, *, attention_mask=None,
-                 callback: Callable[[StepTrace], None] | None = None, return_trace: bool = False) -> GenerateOutput:
-    """Run one non-ensemble decoding: check the options against the model's family, then its loop."""
+def family_of(model: Any) -> MaskedFamily | UniformNoiseFamily:
+    """The strategy for `model`, the one place that decides a model's family: uniform noise for a
+    transformers `DiffusionGemmaForBlockDiffusion` (a model of that config type with an
+    encoder/decoder pair), masked otherwise. `family_of(model).uniform` is the flag to branch on."""
+    config = getattr(model, "config", None)
+    uniform = (getattr(config, "model_type", None) in UNIFORM_MODEL_TYPES
+               and hasattr(getattr(model, "model", None), "encoder"))
+    return UniformNoiseFamily() if uniform else MaskedFamily()
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One call's decisions, made once: the model's `family`, the validated `config` and the
+    sampler object `policy` (None only for DiffusionGemma's own rule). An ensemble's policy is the
+    ensemble (`hex`); its experts get plans of their own (`dlm.ensemble`)."""
+
+    family: MaskedFamily | UniformNoiseFamily
+    config: DecodingConfig
+    policy: Sampler | None
+
+    @property
+    def ensemble(self) -> bool:
+        return self.policy is not None and self.policy.ensemble
+
+
+def plan_call(model, config: DecodingConfig, policy: Sampler | None = None) -> CallPlan:
+    """The call's plan: the family decided from `model`, the sampler built from `config` (or the
+    given `policy`, already built)."""
     family = family_of(model)
-    family.check(config)
-    return family.run(model, input_ids, config, attention_mask=attention_mask, callback=callback,
-                      return_trace=return_trace)
+    return CallPlan(family, config, family.policy(config) if policy is None else policy)
 
 
-__all__ = ["MaskedFamily", "UniformNoiseFamily", "family_of", "run_decoding"]
+def run_decoding(model, input_ids: torch.Tensor, plan: CallPlan, *, attention_mask=None,
+                 callback: Callable[[StepTrace], None] | None = None, return_trace: bool = False) -> GenerateOutput:
+    """Run one non-ensemble plan: check the options against the model's family, then its loop."""
+    plan.family.check(plan.config)
+    return plan.family.run(model, input_ids, plan.config, plan.policy, attention_mask=attention_mask,
+                           callback=callback, return_trace=return_trace)
+
+
+__all__ = ["CallPlan", "MaskedFamily", "UniformNoiseFamily", "family_of", "plan_call", "run_decoding"]

@@ -99,12 +99,15 @@ def test_a_lookahead_call_on_finished_rows_costs_nothing_and_keeps_the_logits_sh
 def test_host_live_rows_are_made_on_the_loop_device():
     """The host-side live rows index device tensors: they are made on the device given (meta: shape only,
     no data, so a tensor left on the CPU would show), and are None when every row is live."""
-    from dlm.engine.driver import _host_index
+    from dlm.engine.driver import Rows, subset_index
 
-    index = _host_index([True, False, True], torch.device("meta"))
+    index = subset_index([True, False, True], torch.device("meta"))
     assert index.device.type == "meta" and index.shape == (2,) and index.dtype == torch.long
-    assert torch.equal(_host_index([False, True, True], "cpu"), torch.tensor([1, 2]))
-    assert _host_index([True, True], "cpu") is None
+    assert torch.equal(subset_index([False, True, True], "cpu"), torch.tensor([1, 2]))
+    assert subset_index([True, True], "cpu") is None
+    rows = Rows.from_flags([False, True, True], torch.device("meta"))
+    assert rows.host == [1, 2] and rows.index.device.type == "meta" and not rows.every
+    assert Rows.of(None, 3, "cpu").every and Rows.of([0, 2], 3, "cpu").host == [0, 2]
 
 
 def test_the_cache_handed_to_the_next_block_holds_its_rows():

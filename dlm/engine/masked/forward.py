@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from dlm.adapters import DLMAdapter
-from dlm.engine.driver import _same_rows
+from dlm.engine.driver import same_rows
 from dlm.engine.masked.kv_cache import _index_cache, _repeat_cache_rows, _slice_cache
 
 
@@ -145,7 +145,7 @@ class _BlockForward:
         if self.mode == "none" or self.cache is None or self.refresh_every == 1:
             return a.align(self._full(x, mask, pos, keep_cache=False), 0, start, end)
         held = self._repeated
-        if held is None or held[0] != k or not _same_rows(held[1], live):
+        if held is None or held[0] != k or not same_rows(held[1], live):
             self._repeated = held = (k, live, _repeat_cache_rows(self._cache_for(live), k))
         lo, hi = self._window(x.shape[1], start, end)
         raw = a.window(x, held[2], lo, hi, mask, pos)

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from dlm.engine.driver import _live_index, check_lookahead_call
+from dlm.engine.driver import Lookahead, rows_needing_model_index
 from dlm.engine.masked.eos import _candidates_needing_model
 from dlm.engine.masked.forward import _BlockForward
 
 
-class _LookaheadForward:
+class _LookaheadForward(Lookahead):
     """`ctx.forward` of one step: logits of k candidate blocks per row, one batched model call each.
 
     Counted by the driver: each call is one NFE and `k` branch forwards per row; calls stop at the
@@ -19,23 +19,17 @@ class _LookaheadForward:
 
     def __init__(self, forward: _BlockForward, x_rows: torch.Tensor, start: int, end: int, mask_id: int, allowance: int,
                  eos_id: int | None = None, like: torch.Tensor | None = None):
+        super().__init__(x_rows.shape[0], end - start, allowance)
         self.forward, self.x_rows, self.start, self.end = forward, x_rows, start, end
-        self.mask_id, self.allowance, self.eos_id, self.like = mask_id, allowance, eos_id, like
-        self.calls, self.branches, self.free_calls = 0, 0, 0
-        self.row_sets: list[tuple[torch.Tensor | None, int]] = []
+        self.mask_id, self.eos_id, self.like = mask_id, eos_id, like
 
-    @property
-    def left(self) -> int:
-        return self.allowance - self.calls
-
-    def __call__(self, candidates: torch.Tensor) -> torch.Tensor:
-        """candidates: `[R, k, Lb]` long block tokens. Returns aligned logits `[R, k, Lb, V]`."""
+    def run(self, candidates: torch.Tensor) -> torch.Tensor:
+        """candidates: `[R, k, Lb]` long block tokens (checked). Returns aligned logits `[R, k, Lb, V]`."""
         R, Lb = self.x_rows.shape[0], self.end - self.start
-        check_lookahead_call(candidates, R, Lb, self.left, "block")
         k = candidates.shape[1]
         live = None
         if self.eos_id is not None:
-            live = _live_index(_candidates_needing_model(candidates, self.eos_id, self.mask_id))
+            live = rows_needing_model_index(_candidates_needing_model(candidates, self.eos_id, self.mask_id))
         if live is not None and live.numel() == 0:
             self.free_calls += 1  # every row is finished: no model call, nothing to count
             out = self.like.new_zeros((R * k, Lb, self.like.shape[-1]))
@@ -49,8 +43,6 @@ class _LookaheadForward:
             else:
                 out = logits.new_zeros((R, k, *logits.shape[1:]))
                 out[live] = logits.view(live.numel(), k, *logits.shape[1:])
-            self.calls += 1
-            self.branches += k
-            self.row_sets.append((live, k))
+            self.counted(k, live)
         out[..., self.mask_id] = float("-inf")  # as for the driver's own logits
         return out.reshape(R, k, Lb, -1)

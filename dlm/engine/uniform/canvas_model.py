@@ -9,16 +9,9 @@ import torch
 
 from samplers.unmasking._common import rows_per_chunk
 
-UNIFORM_MODEL_TYPES = ("diffusion_gemma",)
 # The "mask" id our masked samplers see for a position not accepted yet: DiffusionGemma has no mask
 # token (transformers' diffusers pipeline uses -1 too), and -1 can never be a real token.
 UNACCEPTED = -1
-
-def is_uniform_noise_model(model: Any) -> bool:
-    """True for a transformers `DiffusionGemmaForBlockDiffusion` (or any model of that config type
-    with an encoder/decoder pair)."""
-    config = getattr(model, "config", None)
-    return getattr(config, "model_type", None) in UNIFORM_MODEL_TYPES and hasattr(getattr(model, "model", None), "encoder")
 
 
 # --------------------------------------------------------------------------------------------------

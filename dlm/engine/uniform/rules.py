@@ -2,11 +2,12 @@
 masked sampler of ours in accept/renoise mode (`AcceptRule`, with its lookahead call)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from dlm.engine.driver import check_lookahead_call
+from dlm.engine.driver import Lookahead, decide, fill_when_spent
 from dlm.engine.schedule import block_budget, tokens_this_step
 from dlm.engine.uniform.canvas_model import UNACCEPTED, _LiveDecoder
 from samplers import Sampler, StepContext
@@ -102,6 +103,23 @@ class EntropyBoundRule:
         return None  # every step re-decides every position: nothing is accepted before the canvas ends
 
 
+@dataclass(frozen=True)
+class AcceptSettings:
+    """What every canvas's `AcceptRule` of one call shares: the canvas and sub-block lengths, the
+    vocabulary and embedding dtype, the sampler's temperature and generator, the model's
+    self-conditioning temperature schedule (`t_max -> t_min`) and the sampler's step function."""
+
+    canvas_length: int
+    block_length: int
+    vocab_size: int
+    embed_dtype: torch.dtype
+    temperature: float
+    generator: torch.Generator | None
+    t_min: float
+    t_max: float
+    sampler_step: Callable
+
+
 class AcceptRule:
     """Any masked-diffusion sampler of ours on a uniform-noise model: "commit" reads "accept".
 
@@ -120,15 +138,13 @@ class AcceptRule:
     call; its logits are not reused for the next step, since the next canvas is renoised afresh.
     """
 
-    def __init__(self, policy: Sampler, steps: int, canvas_length: int, block_length: int, vocab_size: int,
-                 embed_dtype: torch.dtype, temperature: float, generator: torch.Generator | None,
-                 t_min: float, t_max: float, state: dict, enforce: Callable):
-        self.policy, self.C, self.block, self.V = policy, canvas_length, block_length, vocab_size
-        self.embed_dtype, self.temperature, self.generator = embed_dtype, temperature, generator
-        self.t_min, self.t_max, self.state, self.enforce = t_min, t_max, state, enforce
-        self.steps = steps  # this canvas's budget
+    def __init__(self, policy: Sampler, steps: int, settings: AcceptSettings, state: dict):
+        s = settings
+        self.policy, self.steps, self.state = policy, steps, state  # `steps`: this canvas's budget
+        self.C, self.block, self.V, self.embed_dtype = s.canvas_length, s.block_length, s.vocab_size, s.embed_dtype
+        self.temperature, self.generator, self.t_min, self.t_max = s.temperature, s.generator, s.t_min, s.t_max
         self.block_start = 0  # absolute position of the canvas, set by the loop
-        self.sampler_step = policy.step  # `dlm.compiled.compiled_sampler_step` with compile=True
+        self.sampler_step = s.sampler_step  # `dlm.compiled.compiled_sampler_step` with compile=True
 
     def start(self, batch: int, device: torch.device, finished_sequences: torch.Tensor,
               finished_rows: list[bool]) -> list[int] | None:
@@ -197,11 +213,10 @@ class AcceptRule:
             generator=self.generator, mask_token_id=UNACCEPTED, block_start=self.block_start + lo, state=self.state,
             rows=rows, forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left)
         block_logits = logits[:, lo:hi]
-        result = self.sampler_step(block_logits, ctx)
-        new_block = self.enforce(result, block_x, candidates, masks_left, self.policy.remasks, last, UNACCEPTED)
+        result, new_block = decide(self.sampler_step, block_logits, ctx, remasks=self.policy.remasks)
         extra = 0 if lookahead is None else lookahead.calls
-        if extra and self.sub_used + 1 + extra >= self.sub_budget:
-            new_block = torch.where(new_block == UNACCEPTED, result.proposal, new_block)
+        if self.sub_used + 1 + extra >= self.sub_budget:  # spent: a lookahead took the last pass
+            new_block = fill_when_spent(new_block, result, UNACCEPTED)
         self.sub_used += 1 + extra
         x_full[:, lo:hi] = new_block
         accepted = x_full != UNACCEPTED
@@ -226,21 +241,18 @@ class AcceptRule:
         return self.accepted[rows].clone()  # `[R, C]` bool, for the trace
 
 
-class _CanvasLookahead:
+class _CanvasLookahead(Lookahead):
     """`ctx.forward` for a look-ahead sampler on a canvas: candidates `[R, k, Lb]` (the sub-block,
     `UNACCEPTED` where not accepted) -> logits `[R, k, Lb, V]`, one batched decoder call."""
 
+    unit = "canvas"
+
     def __init__(self, rule: AcceptRule, decoder: _LiveDecoder, rows, x_full, lo, hi, allowance: int):
+        super().__init__(x_full.shape[0], hi - lo, allowance)
         self.rule, self.decoder, self.rows, self.x_full, self.lo, self.hi = rule, decoder, rows, x_full, lo, hi
-        self.allowance, self.calls, self.branches = allowance, 0, 0
 
-    @property
-    def left(self) -> int:
-        return self.allowance - self.calls
-
-    def __call__(self, candidates: torch.Tensor) -> torch.Tensor:
+    def run(self, candidates: torch.Tensor) -> torch.Tensor:
         R, Lb = self.x_full.shape[0], self.hi - self.lo
-        check_lookahead_call(candidates, R, Lb, self.left, "canvas")
         k = candidates.shape[1]
         x = self.x_full.repeat_interleave(k, dim=0)
         x[:, self.lo:self.hi] = candidates.reshape(R * k, Lb)
@@ -248,10 +260,5 @@ class _CanvasLookahead:
         canvases = self.rule._renoise(torch.where(accepted, x, torch.zeros_like(x)), accepted)
         sc = self.rule.self_conditioning_for(self.rows)
         logits = self.decoder.branches(canvases, sc, self.rows, k)[:, self.lo:self.hi]
-        self.calls += 1
-        self.branches += k
+        self.counted(k, None)
         return logits.reshape(R, k, Lb, -1)
-
-
-# --------------------------------------------------------------------------------------------------
-# The loop
