@@ -266,12 +266,12 @@ def _sample_states(source: TrainingSource, setup: _Setup, batch: int, g: torch.G
 
 def _build_states(source: TrainingSource, setup: _Setup, idx: torch.Tensor, block: int, masked: torch.Tensor):
     """Pool rows `idx` with block `block` masked at `masked` `[B, Lb]` and the later blocks fully."""
-    from dlm.engine.masked.inputs import _full_attention
+    from dlm.engine.masked.inputs import full_attention_mask
 
     lb, mask_id = source.block_length, source.mask_token_id
     x = setup.pool[idx].clone()
     pmask = None if setup.pool_mask is None else setup.pool_mask[idx]
-    full_mask, positions = _full_attention(pmask, source.gen_length)
+    full_mask, positions = full_attention_mask(pmask, source.gen_length)
     if getattr(source.model, "dlm_position_ids", None) is not None:
         positions = source.model.dlm_position_ids(x, full_mask)
     start = setup.prompt_length + block * lb
@@ -381,13 +381,13 @@ def _setup(source: TrainingSource, config: TrainJointConfig, features: str, g: t
 
 def _resolve_features(source: TrainingSource, adapter: DLMAdapter, features: str, hidden_size):
     """"auto" -> "hidden" when the model returns hidden states, else "logprobs"; and the hidden size."""
-    from dlm.engine.masked.inputs import _full_attention
+    from dlm.engine.masked.inputs import full_attention_mask
 
     if features not in ("auto", "hidden"):
         return features, hidden_size
     probe_ids = torch.cat([source.prompts[:1], torch.full((1, source.gen_length), source.mask_token_id)], 1)
     probe_mask = None if source.attention_mask is None else source.attention_mask[:1]
-    full_mask, positions = _full_attention(probe_mask, source.gen_length)
+    full_mask, positions = full_attention_mask(probe_mask, source.gen_length)
     _, probe_hidden = adapter.full_with_hidden(probe_ids, full_mask, positions)
     if probe_hidden is None and features == "hidden":
         raise ValueError("--features hidden: this model returns no hidden states; use --features logprobs")

@@ -9,7 +9,8 @@ CLI: `dlm bench --model tiny-dlm --suite list_edits --samplers confidence,thresh
 `dlm bench --model tiny-dgemma --samplers threshold,transformers-diffusiongemma,diffusers-diffusiongemma,dlm-exact`.
 """
 from dlm.bench.diffusers_llada2 import BASELINES, DiffusersModelWrapper, DiffusersTokenizerWrapper, build_pipeline, run_llada2
-from dlm.bench.external import ExternalRow, ExternalRun, external_rows
+from dlm.bench.external import ExternalRow, ExternalRun
+from dlm.bench.external_rows import external_rows
 from dlm.bench.harness import (BenchConfig, BenchResult, PairResult, compare_to_baselines, load_model, resolve_suite,
                                run_bench, summarize_targets)
 from dlm.bench.specs import SamplerSpec, parse_sampler_specs, parse_steps

@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from dlm.bench.external import CallCounter, ExternalRun, register
+from dlm.bench.external import CallCounter, ExternalRun
 from dlm.bench.transformers_dgemma import DiffusionGemmaRow, all_rows_forward_tokens
 
 
@@ -47,8 +47,6 @@ class _BatchProcessor:
         return self.tokenizer.batch_decode(sequences, skip_special_tokens=skip_special_tokens)
 
 
-@register("diffusers-diffusiongemma",
-          "diffusers' DiffusionGemmaPipeline + EntropyBoundScheduler, shipped generation_config, entropy_bound swept")
 class DiffusersDiffusionGemmaRow(DiffusionGemmaRow):
     engine = "diffusers"
 

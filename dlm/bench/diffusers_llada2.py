@@ -213,11 +213,9 @@ def run_llada2(pipe, wrapper: DiffusersModelWrapper, input_ids: torch.Tensor, at
 
 
 # ----------------------------------------------------------------------------- the bench row
-from dlm.bench.external import ExternalRow, ExternalRun, register  # noqa: E402
+from dlm.bench.external import ExternalRow, ExternalRun  # noqa: E402
 
 
-@register("diffusers-llada2", BASELINE_DESCRIPTIONS["diffusers-llada2"])
-@register("diffusers-llada2-thr", BASELINE_DESCRIPTIONS["diffusers-llada2-thr"])
 class LLaDA2Row(ExternalRow):
     """`dlm bench` row: `LLaDA2Pipeline` on the run's masked model. The budget maps to the pipeline's
     per-block steps (`steps_per_block`); every row of the batch is in every call (per-row NFE = calls)."""

@@ -1,13 +1,12 @@
 """External engine rows of `dlm bench`: the field's own decoding code, run beside our samplers.
 
-An external row is a `--samplers` entry whose name is registered here (`diffusers-llada2`,
-`transformers-diffusiongemma`, ...). The harness treats every row the same way: it hands the row the
+An external row is a `--samplers` entry whose name is listed in `dlm.bench.external_rows`
+(`diffusers-llada2`, `transformers-diffusiongemma`, ...). The harness treats every row the same way: it hands the row the
 batch it hands our samplers (the same left-padded `input_ids [B, P]`, `attention_mask [B, P]`, the
 same budget point, a generator seeded as for every other entry) and scores what comes back with the
 suite's verifiers. Each row lives in its own small module and implements `ExternalRow.run`.
 
-    @register("my-engine", "what it runs")
-    class MyRow(ExternalRow):
+    class MyRow(ExternalRow):            # in its own module, then one line in dlm/bench/external_rows.py
         engine = "transformers"
         def run(self, spec, budget, input_ids, attention_mask, generator) -> ExternalRun: ...
 
@@ -19,23 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-_REGISTRY: dict[str, tuple[type, str]] = {}
-
-
-def register(name: str, description: str):
-    """Class decorator: make `name` a `--samplers` entry run by that `ExternalRow` subclass."""
-    def wrap(cls):
-        _REGISTRY[name] = (cls, description)
-        return cls
-    return wrap
-
-
-def external_rows() -> dict[str, tuple[type, str]]:
-    """`{name: (row class, description)}` of every external row (imports the row modules once)."""
-    from dlm.bench import diffusers_dgemma, diffusers_llada2, transformers_dgemma  # noqa: F401  (importing registers)
-    return dict(_REGISTRY)
-
 
 @dataclass
 class ExternalRun:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from dlm.bench.external import external_rows
+from dlm.bench.external_rows import external_rows
 from dlm.bench.memory import PeakMemory
 from dlm.bench.specs import SamplerSpec, parse_sampler_specs, parse_steps  # noqa: F401 (re-exported)
 from dlm.decoding_config import KV_CACHE_MODES

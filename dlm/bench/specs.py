@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlm.bench.external import external_rows
+from dlm.bench.external_rows import external_rows
 from dlm.decoding_config import KV_CACHE_MODES
 
 # ----------------------------------------------------------------------------- sampler specs

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from dlm.bench.external import CallCounter, ExternalRow, ExternalRun, register, seed_from
+from dlm.bench.external import CallCounter, ExternalRow, ExternalRun, seed_from
 
 GENERATION_OPTIONS = ("entropy_bound", "max_denoising_steps", "t_max", "t_min", "stability_threshold",
                       "confidence_threshold")
@@ -79,8 +79,6 @@ class DiffusionGemmaRow(ExternalRow):
         return generation_config_for(self.model, budget, self.cfg.gen_length, spec.option_dict)
 
 
-@register("transformers-diffusiongemma",
-          "transformers' DiffusionGemmaForBlockDiffusion.generate, shipped generation_config, entropy_bound swept")
 class TransformersDiffusionGemmaRow(DiffusionGemmaRow):
     engine = "transformers"
 
@@ -100,7 +98,6 @@ class TransformersDiffusionGemmaRow(DiffusionGemmaRow):
                            all_rows_forward_tokens(input_ids, generated, calls.calls, self.model.config.canvas_length), seconds)
 
 
-@register("dlm-exact", "dlm.generate in exact mode (transformers' rule, token-equal to transformers-diffusiongemma)")
 class DlmExactRow(DiffusionGemmaRow):
     engine = "dlm"
 

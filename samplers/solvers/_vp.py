@@ -325,3 +325,18 @@ class VPNoiseMixin:
 
     def __len__(self):
         return self.config.num_train_timesteps
+
+
+def _lam(a: float) -> float:
+    """log-SNR ``lambda = log(alpha / sigma)`` of the level ``alpha_bar = a``."""
+    return 0.5 * (math.log(a) - math.log1p(-a))
+
+
+def _third_order_differences(x0, history, a_s: float, h: float):
+    """``(D1, D2)`` of the third-order multistep update (ODE and SDE alike): divided differences of the
+    data predictions ``x0`` (at ``a_s``) and ``history = [(x0_1, a_1), (x0_2, a_2)]`` in log-SNR,
+    scaled by the step ``h``."""
+    (m1, a1), (m2, a2) = history
+    r0, r1 = (_lam(a_s) - _lam(a1)) / h, (_lam(a1) - _lam(a2)) / h
+    e0, e1 = (x0 - m1) / r0, (m1 - m2) / r1
+    return e0 + (r0 / (r0 + r1)) * (e0 - e1), (e0 - e1) / (r0 + r1)

@@ -36,7 +36,7 @@ from typing import List, Tuple
 
 import torch
 
-from samplers.solvers.dpmpp_2m import _lam, _third_order_differences
+from samplers.solvers._vp import _lam, _third_order_differences
 
 
 def _levels(a_s: float, a_t: float):

@@ -49,7 +49,9 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from samplers.solvers._finite import check_model_output
 from samplers.solvers.schedules import fitted_or_default, load_schedule
-from samplers.solvers._vp import (
+from samplers.solvers.dpm_solver import dpm_solver_update, sde_dpm_solver_update
+from samplers.solvers._vp import (  # _lam and _third_order_differences are shared with dpm_solver
+    _lam, _third_order_differences,
     VPNoiseMixin,
     VP_COMPATIBLES,
     SampleResult,
@@ -167,21 +169,6 @@ def dpm_timesteps(
         raise ValueError(f"timestep_spacing={timestep_spacing!r} is not supported; use one of {TIMESTEP_SPACINGS}")
     ts = np.ascontiguousarray(ts).astype(np.int64)
     return ts, sig[ts]
-
-
-def _lam(a: float) -> float:
-    """log-SNR ``lambda = log(alpha / sigma)`` of the level ``alpha_bar = a``."""
-    return 0.5 * (math.log(a) - math.log1p(-a))
-
-
-def _third_order_differences(x0, history, a_s: float, h: float):
-    """``(D1, D2)`` of the third-order multistep update (ODE and SDE alike): divided differences of the
-    data predictions ``x0`` (at ``a_s``) and ``history = [(x0_1, a_1), (x0_2, a_2)]`` in log-SNR,
-    scaled by the step ``h``."""
-    (m1, a1), (m2, a2) = history
-    r0, r1 = (_lam(a_s) - _lam(a1)) / h, (_lam(a1) - _lam(a2)) / h
-    e0, e1 = (x0 - m1) / r0, (m1 - m2) / r1
-    return e0 + (r0 / (r0 + r1)) * (e0 - e1), (e0 - e1) / (r0 + r1)
 
 
 def dpmpp_3m_update(x, x0, history, a_s: float, a_t: float):
@@ -496,8 +483,6 @@ class DPMSolverPP2M(VPNoiseMixin, SchedulerMixin, ConfigMixin):
         ``generator`` (float32, as diffusers draws it, so the same generator gives the same path). The
         data-prediction algorithms keep ``x0`` predictions in their history, the noise-prediction ones
         (``dpmsolver``, ``sde-dpmsolver``; :mod:`samplers.solvers.dpm_solver`) keep ``eps`` predictions."""
-        from samplers.solvers.dpm_solver import dpm_solver_update, sde_dpm_solver_update
-
         if eta:
             raise ValueError("DPM-Solver++ takes no eta (use DDIMSolver for eta > 0, or algorithm_type="
                              "'sde-dpmsolver++' for the stochastic solver)")

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from dlm.bench.external import external_rows
+from dlm.bench.external_rows import external_rows
 from dlm.bench.harness import BenchConfig, parse_sampler_specs
 from dlm.bench.transformers_dgemma import generation_config_for
 from dlm.cli import main

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dlm
-from dlm.engine.masked.eos import _stop_at_eos
+from dlm.engine.masked.eos import stop_at_eos
 from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel
 from toy_models import ToyDLM
 
@@ -44,7 +44,7 @@ def _reference(model, ids, **kw):
     the feature off: a regression reference)."""
     out = dlm.generate(model, ids, eos_early_stop=False, **kw)
     x = out.sequences.clone()
-    _stop_at_eos(x, torch.arange(x.shape[0]), ids.shape[1], x.shape[1], model.config.eos_token_id)
+    stop_at_eos(x, torch.arange(x.shape[0]), ids.shape[1], x.shape[1], model.config.eos_token_id)
     return x
 
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import dlm
-from dlm.engine.masked.eos import _stop_at_eos
-from dlm.engine.masked.eos import _candidates_needing_model
+from dlm.engine.masked.eos import stop_at_eos
+from dlm.engine.masked.eos import candidates_needing_model
 from dlm.tiny import TinyDLMConfig, TinyDLMModel
 from samplers import get_sampler
 from toy_models import ToyDLM
@@ -58,7 +58,7 @@ def _reference(model, ids, **kw):
     """The loop without any EOS stop, then the EOS fill the stop promises (a regression reference)."""
     out = dlm.generate(model, ids, eos_early_stop=False, **kw)
     x = out.sequences.clone()
-    _stop_at_eos(x, torch.arange(x.shape[0]), ids.shape[1], x.shape[1], model.config.eos_token_id)
+    stop_at_eos(x, torch.arange(x.shape[0]), ids.shape[1], x.shape[1], model.config.eos_token_id)
     return x, out
 
 
@@ -194,4 +194,4 @@ def test_candidates_needing_model():
         [[5, 8, MASK], [8, 8, MASK]],    # both finished but they differ before the EOS: needed
         [[5, 5, 5], [5, 5, 5]],          # no EOS at all: needed
     ])
-    assert _candidates_needing_model(c, EOS, MASK).tolist() == [False, True, True, True]
+    assert candidates_needing_model(c, EOS, MASK).tolist() == [False, True, True, True]

@@ -84,11 +84,11 @@ def test_a_prompt_without_the_separator_is_refused_naming_its_row():
 def test_a_lookahead_call_on_finished_rows_costs_nothing_and_keeps_the_logits_shape():
     """Every row's candidates end at EOS with nothing masked before it: no model call, and the sampler
     still gets `[R, k, Lb, V]` logits (zeros, the mask token at -inf, as for the driver's own logits)."""
-    from dlm.engine.masked.lookahead import _LookaheadForward
+    from dlm.engine.masked.lookahead import BlockLookahead
 
     R, k, Lb, V, mask_id, eos_id = 2, 3, 4, 10, 9, 1
     logits = torch.randn(R, Lb, V)
-    look = _LookaheadForward(forward=None, x_rows=torch.zeros(R, 6, dtype=torch.long), start=2, end=2 + Lb,
+    look = BlockLookahead(forward=None, x_rows=torch.zeros(R, 6, dtype=torch.long), start=2, end=2 + Lb,
                              mask_id=mask_id, allowance=5, eos_id=eos_id, like=logits)
     out = look(torch.full((R, k, Lb), eos_id, dtype=torch.long))
     assert out.shape == (R, k, Lb, V) and out.dtype == logits.dtype
@@ -115,18 +115,18 @@ def test_the_cache_handed_to_the_next_block_holds_its_rows():
     finished. The next block decodes batch rows [3, 7] (the cache as it is) or [7] (its second row)."""
     from types import SimpleNamespace
 
-    from dlm.engine.masked.kv_cache import _carry_cache
+    from dlm.engine.masked.kv_cache import carry_cache
 
     rows = torch.tensor([3, 5, 7])
     cache = (torch.tensor([[30.0], [70.0]]), [torch.tensor([[31.0], [71.0]])])  # legacy nested [Rc, ...]
     forward = SimpleNamespace(cache=cache, cache_rows=torch.tensor([0, 2]))
-    same, start = _carry_cache(forward, rows, 12, torch.tensor([3, 7]))
+    same, start = carry_cache(forward, rows, 12, torch.tensor([3, 7]))
     assert same is cache and start == 12
-    only_7, _ = _carry_cache(forward, rows, 12, torch.tensor([7]))
+    only_7, _ = carry_cache(forward, rows, 12, torch.tensor([7]))
     assert torch.equal(only_7[0], torch.tensor([[70.0]])) and torch.equal(only_7[1][0], torch.tensor([[71.0]]))
     every_row = SimpleNamespace(cache=(torch.tensor([[30.0], [50.0], [70.0]]),), cache_rows=None)
-    assert torch.equal(_carry_cache(every_row, rows, 12, torch.tensor([5, 7]))[0][0], torch.tensor([[50.0], [70.0]]))
-    assert _carry_cache(SimpleNamespace(cache=None, cache_rows=None), rows, 12, rows) is None
+    assert torch.equal(carry_cache(every_row, rows, 12, torch.tensor([5, 7]))[0][0], torch.tensor([[50.0], [70.0]]))
+    assert carry_cache(SimpleNamespace(cache=None, cache_rows=None), rows, 12, rows) is None
 
 
 def test_a_lookahead_sampler_is_told_the_forwards_left_in_its_block():

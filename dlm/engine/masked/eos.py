@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 
-def _rows_needing_model(block_x: torch.Tensor, eos_id: int, mask_id: int) -> torch.Tensor:
+def rows_needing_model(block_x: torch.Tensor, eos_id: int, mask_id: int) -> torch.Tensor:
     """`[R]` bool: rows whose output can still change (dInfer's EOS stop, applied at every step).
 
     `block_x` `[R, Lb]` is the current block of rows still decoded (their earlier blocks are fully
     committed and hold no EOS). A row is finished once the block holds an EOS with no mask before
     it: the tokens before that EOS are committed and stay (the sampler does not remask) and
-    `_stop_at_eos` overwrites everything after it at the block's end, so another forward of that
+    `stop_at_eos` overwrites everything after it at the block's end, so another forward of that
     row cannot change the output.
     """
     is_mask = (block_x == mask_id).long()
@@ -19,16 +19,16 @@ def _rows_needing_model(block_x: torch.Tensor, eos_id: int, mask_id: int) -> tor
     return ~((block_x == eos_id) & (masks_before == 0)).any(dim=1)
 
 
-def _candidates_needing_model(candidates: torch.Tensor, eos_id: int, mask_id: int) -> torch.Tensor:
+def candidates_needing_model(candidates: torch.Tensor, eos_id: int, mask_id: int) -> torch.Tensor:
     """`[R]` bool: rows of a lookahead call whose output still depends on the call's logits.
 
     `candidates` `[R, k, Lb]`. A row does not, when every one of its k candidates is finished (an
-    EOS with no mask before it, see `_rows_needing_model`) and all k agree up to that EOS: whichever
-    candidate the sampler keeps, the row's output is then the same (`_stop_at_eos` overwrites what
+    EOS with no mask before it, see `rows_needing_model`) and all k agree up to that EOS: whichever
+    candidate the sampler keeps, the row's output is then the same (`stop_at_eos` overwrites what
     follows the EOS). LoPA's branches of a finished anchor are such rows: each fills one mask, and
     the anchor has none before its EOS."""
     R, k, Lb = candidates.shape
-    finished = ~_rows_needing_model(candidates.reshape(R * k, Lb), eos_id, mask_id).view(R, k).any(dim=1)
+    finished = ~rows_needing_model(candidates.reshape(R * k, Lb), eos_id, mask_id).view(R, k).any(dim=1)
     first = candidates[:, 0]
     index = torch.arange(Lb, device=candidates.device)
     eos_at = torch.where(first == eos_id, index, Lb).min(dim=1).values  # [R]
@@ -37,7 +37,7 @@ def _candidates_needing_model(candidates: torch.Tensor, eos_id: int, mask_id: in
     return ~(finished & agree)
 
 
-def _stop_at_eos(x: torch.Tensor, rows: torch.Tensor, prompt_length: int, block_end: int, eos_id: int) -> torch.Tensor:
+def stop_at_eos(x: torch.Tensor, rows: torch.Tensor, prompt_length: int, block_end: int, eos_id: int) -> torch.Tensor:
     """Fill everything after the first EOS of finished rows with EOS. Returns `[R]` bool: row finished."""
     generated = x[rows, prompt_length:block_end]
     has_eos = (generated == eos_id).any(dim=1)

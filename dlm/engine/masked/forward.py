@@ -1,13 +1,13 @@
 """The masked loop's model call for one block: the forward that owns the block's KV cache
 (none / prefix / dual / prompt modes of Fast-dLLM, the cross-block extension), aligned logits,
-live-row subsets and lookahead branches."""
+subsets of rows still in the model and lookahead branches."""
 from __future__ import annotations
 
 import torch
 
 from dlm.adapters import DLMAdapter
 from dlm.engine.driver import same_rows
-from dlm.engine.masked.kv_cache import _index_cache, _repeat_cache_rows, _slice_cache
+from dlm.engine.masked.kv_cache import index_cache, repeat_cache_rows, slice_cache
 
 
 def resolve_kv_cache(kv_cache: str, adapter: DLMAdapter, *, cfg_scale: float = 0.0,
@@ -21,18 +21,19 @@ def resolve_kv_cache(kv_cache: str, adapter: DLMAdapter, *, cfg_scale: float = 0
     return "prompt" if exact_prompt_cache and cfg_scale == 0 and not needs_hidden_states else "none"
 
 
-class _BlockForward:
+class KVCachedForward:
     """Produces aligned block logits for one block, owning the KV cache of that block.
 
     It never feeds the model what cannot change the block's logits:
     - a block-causal model (`DLMAdapter.block_causal`) gets only `x[:, :end]`: its positions before
       `end` never attend past `end`, so the masked blocks after the current one are not computed;
-    - `live` (an index into the block's rows, see `_rows_needing_model`) drops rows whose answer is
+    - `in_model` (an index into the block's rows, see `rows_needing_model`) drops rows whose answer is
       already fixed; their logits come back as zeros, which the driver's EOS fill overwrites.
     """
 
     def __init__(self, adapter: DLMAdapter, mode: str, refresh_every: int, cfg_scale: float,
-                 prompt_length: int, attention_mask, position_ids, cut: bool = False):
+                 prompt_length: int, attention_mask, position_ids, cut: bool = False, want_hidden: bool = False,
+                 carried=None):
         self.adapter, self.mode, self.refresh_every = adapter, mode, refresh_every
         # Feed `x[:, :end]` only: exact for a block-causal model, an opt-in approximation otherwise.
         self.cut = adapter.block_causal or cut
@@ -42,41 +43,41 @@ class _BlockForward:
         self.cache_rows = None  # `[Rc]` sorted block-row indices the cache holds (None: all rows)
         self.forward_tokens = 0
         # Hidden-state hook (joint sampler): when on, full forwards ask for the last hidden state.
-        self.want_hidden, self.hidden = False, None
-        self.carried = None  # (cache of the previous block for these rows, that block's start)
+        self.want_hidden, self.hidden = want_hidden, None
+        self.carried = carried  # (cache of the previous block for these rows, that block's start) or None
         self._repeated = None  # (k, cache with each row repeated k times) for lookahead calls
 
     def __call__(self, x: torch.Tensor, step: int, start: int, end: int,
-                 live: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+                 in_model: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
         """Logits `[R, end-start, V]` for the block, and whether a full forward ran.
 
-        `x` is `[R, L]`; with `live` (`[R']` sorted row indices) only those rows are forwarded and the
+        `x` is `[R, L]`; with `in_model` (`[R']` sorted row indices) only those rows are forwarded and the
         other rows' logits are zeros."""
         a = self.adapter
         self._adopt_prompt_cache()
         refresh = bool(self.refresh_every) and step % self.refresh_every == 0
         full = self.mode == "none" or refresh or (step == 0 and self.cache is None)
-        x_in, mask, pos = self._inputs(x, end, live)
+        x_in, mask, pos = self._inputs(x, end, in_model)
         if full and step == 0 and self.carried is not None and self.mode != "prompt":
             raw, lo = self._extend(x_in, mask, pos)
             logits = a.align(raw, lo, start, end)
         elif full:
-            raw = self._full(x_in, mask, pos, live=live)
+            raw = self._full(x_in, mask, pos, in_model=in_model)
             logits = a.align(raw, 0, start, end)
             if self.hidden is not None:  # hidden-state hook: aligned like the logits
                 self.hidden = a.align(self.hidden, 0, start, end)
         else:
             lo, hi = self._window(x_in.shape[1], start, end)
-            raw = a.window(x_in, self._cache_for(live), lo, hi, mask, pos)
+            raw = a.window(x_in, self._cache_for(in_model), lo, hi, mask, pos)
             self.forward_tokens += x_in.shape[0] * (hi - lo)
             logits = a.align(raw, lo, start, end)
-        if live is None:
+        if in_model is None:
             return logits, full
         out = logits.new_zeros((x.shape[0], *logits.shape[1:]))
-        out[live] = logits
+        out[in_model] = logits
         if self.hidden is not None and self.hidden.shape[0] != x.shape[0]:
             hidden = self.hidden.new_zeros((x.shape[0], *self.hidden.shape[1:]))
-            hidden[live] = self.hidden
+            hidden[in_model] = self.hidden
             self.hidden = hidden
         return out, full
 
@@ -98,18 +99,18 @@ class _BlockForward:
         the prompt cache ends."""
         return self.prompt_length - (1 if self.adapter.shift_logits else 0)
 
-    def _inputs(self, x, end, live):
+    def _inputs(self, x, end, in_model):
         """The model's input: `x`, its attention mask and positions, cut to `:end` for a
-        block-causal model and to the `live` rows."""
-        return _select(x, self.attention_mask, self.position_ids, end if self.cut else None, live)
+        block-causal model and to the `in_model` rows."""
+        return _select(x, self.attention_mask, self.position_ids, end if self.cut else None, in_model)
 
-    def _cache_for(self, live):
-        """The cache restricted to the `live` rows. Rows only ever leave within a block, so the
-        rows the cache holds (`cache_rows`, None for all) are a superset of `live`."""
+    def _cache_for(self, in_model):
+        """The cache restricted to the `in_model` rows. Rows only ever leave within a block, so the
+        rows the cache holds (`cache_rows`, None for all) are a superset of `in_model`."""
         held = self.cache_rows
-        if live is None or (held is not None and held.numel() == live.numel()):
+        if in_model is None or (held is not None and held.numel() == in_model.numel()):
             return self.cache
-        return _index_cache(self.cache, live if held is None else torch.searchsorted(held, live))
+        return index_cache(self.cache, in_model if held is None else torch.searchsorted(held, in_model))
 
     def _extend(self, x, mask, pos) -> tuple[torch.Tensor, int]:
         """Block start without a full forward: recompute only from the previous block's start (that
@@ -125,9 +126,9 @@ class _BlockForward:
         self.forward_tokens += x.shape[0] * (x.shape[1] - lo)
         return raw, lo
 
-    def branches(self, x: torch.Tensor, k: int, start: int, end: int, live: torch.Tensor | None = None) -> torch.Tensor:
+    def branches(self, x: torch.Tensor, k: int, start: int, end: int, in_model: torch.Tensor | None = None) -> torch.Tensor:
         """Aligned block logits `[R'*k, end-start, V]` for `x [R'*k, L]`: each of R' block rows
-        repeated k times (row-major), differing only inside the block. `live` (`[R']` sorted indices
+        repeated k times (row-major), differing only inside the block. `in_model` (`[R']` sorted indices
         into the block's rows, None for all) names the rows `x` holds: rows whose output is already
         fixed leave lookahead calls too.
 
@@ -137,7 +138,7 @@ class _BlockForward:
         all R'*k rows."""
         a = self.adapter
         self._adopt_prompt_cache()  # a block's first step may reuse logits and look ahead before any forward
-        mask, pos = (None if t is None else (t if live is None else t[live]).repeat_interleave(k, dim=0)
+        mask, pos = (None if t is None else (t if in_model is None else t[in_model]).repeat_interleave(k, dim=0)
                      for t in (self.attention_mask, self.position_ids))
         x, mask, pos = _select(x, mask, pos, end if self.cut else None, None)
         # With a refresh at every step the next step (which may reuse these logits instead of its own
@@ -145,14 +146,14 @@ class _BlockForward:
         if self.mode == "none" or self.cache is None or self.refresh_every == 1:
             return a.align(self._full(x, mask, pos, keep_cache=False), 0, start, end)
         held = self._repeated
-        if held is None or held[0] != k or not same_rows(held[1], live):
-            self._repeated = held = (k, live, _repeat_cache_rows(self._cache_for(live), k))
+        if held is None or held[0] != k or not same_rows(held[1], in_model):
+            self._repeated = held = (k, in_model, repeat_cache_rows(self._cache_for(in_model), k))
         lo, hi = self._window(x.shape[1], start, end)
         raw = a.window(x, held[2], lo, hi, mask, pos)
         self.forward_tokens += x.shape[0] * (hi - lo)
         return a.align(raw, lo, start, end)
 
-    def _full(self, x: torch.Tensor, attention_mask, position_ids, keep_cache: bool = True, live=None) -> torch.Tensor:
+    def _full(self, x: torch.Tensor, attention_mask, position_ids, keep_cache: bool = True, in_model=None) -> torch.Tensor:
         """One full forward of `x` (already cut to the model's input, see `_select`)."""
         a = self.adapter
         self.forward_tokens += x.numel()
@@ -178,20 +179,20 @@ class _BlockForward:
             if cache is None:
                 raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
             if self.mode == "prompt":  # only the prompt's K/V are kept: they never go stale
-                cache = _slice_cache(cache, self._response_start())
-            self.cache, self._repeated, self.cache_rows = cache, None, live
+                cache = slice_cache(cache, self._response_start())
+            self.cache, self._repeated, self.cache_rows = cache, None, in_model
         return raw
 
 
-def _select(x, mask, pos, end, live):
+def _select(x, mask, pos, end, in_model):
     """`x [R, L]` with its attention mask and positions (either may be None), cut to `:end` when
-    `end` is given (block-causal model) and to the `live` rows `[R']` when given."""
+    `end` is given (block-causal model) and to the `in_model` rows `[R']` when given."""
     if end is not None:
         x = x[:, :end]
         mask = None if mask is None else mask[:, :end]
         pos = None if pos is None else pos[:, :end]
-    if live is not None:
-        x = x[live]
-        mask = None if mask is None else mask[live]
-        pos = None if pos is None else pos[live]
+    if in_model is not None:
+        x = x[in_model]
+        mask = None if mask is None else mask[in_model]
+        pos = None if pos is None else pos[in_model]
     return x, mask, pos

@@ -7,7 +7,7 @@ import torch
 from dlm.adapters import DLMAdapter
 
 
-def _check_input_ids(input_ids, attention_mask) -> None:
+def check_input_ids(input_ids, attention_mask) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError("input_ids must be a [batch, prompt_length] torch.long tensor")
     if input_ids.shape[1] == 0:
@@ -17,7 +17,7 @@ def _check_input_ids(input_ids, attention_mask) -> None:
         raise ValueError(f"attention_mask shape {shape} must equal input_ids shape {tuple(input_ids.shape)}")
 
 
-def _full_attention(attention_mask, gen_length):
+def full_attention_mask(attention_mask, gen_length):
     """Extend a prompt attention mask over the generation; None when nothing is padded.
 
     LLaDA was trained without an attention mask, so an all-ones mask is dropped rather than passed
@@ -29,7 +29,7 @@ def _full_attention(attention_mask, gen_length):
     return mask, positions
 
 
-def _check_special_ids(adapter: DLMAdapter) -> None:
+def check_special_ids(adapter: DLMAdapter) -> None:
     """The mask and EOS ids must be tokens of the model: a mask id past the vocabulary would fail
     deep in the embedding lookup of the first forward."""
     vocab = adapter.vocab_size

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from dlm.engine.masked.forward import _BlockForward
+    from dlm.engine.masked.forward import KVCachedForward
 
 
-def _repeat_cache_rows(cache, k: int):
+def repeat_cache_rows(cache, k: int):
     """Each batch row of a KV cache repeated k times (row-major), as new tensors.
 
     Handles caches made of nested tuples/lists of `[B, ...]` tensors (the windowed-cache models of
@@ -19,23 +19,23 @@ def _repeat_cache_rows(cache, k: int):
     if isinstance(cache, torch.Tensor):
         return cache.repeat_interleave(k, dim=0)
     if isinstance(cache, (tuple, list)):
-        return type(cache)(_repeat_cache_rows(c, k) for c in cache)
+        return type(cache)(repeat_cache_rows(c, k) for c in cache)
     raise ValueError(
         f"a lookahead sampler cannot share a {type(cache).__name__} KV cache between its candidates "
         f"(needs nested tuples of tensors); use kv_cache='none' with this model")
 
 
-def _slice_cache(cache, length: int):
+def slice_cache(cache, length: int):
     """The first `length` positions of a KV cache of nested tuples/lists of `[B, H, L, D]` tensors
     (the windowed-cache contract of `dlm.tiny.TinyDLMModel`)."""
     if isinstance(cache, torch.Tensor):
         return cache[:, :, :length]
     if isinstance(cache, (tuple, list)):
-        return type(cache)(_slice_cache(c, length) for c in cache)
+        return type(cache)(slice_cache(c, length) for c in cache)
     raise ValueError(f"kv_cache='prompt' cannot slice a {type(cache).__name__} cache; use 'prefix' or 'dual'")
 
 
-def _carry_cache(forward: _BlockForward, rows: torch.Tensor, start: int, next_rows: torch.Tensor):
+def carry_cache(forward: KVCachedForward, rows: torch.Tensor, start: int, next_rows: torch.Tensor):
     """The cache a finished block hands to the next one, or None when it has none.
 
     `rows` `[R]` are the finished block's batch rows and `next_rows` `[R']` the next block's: rows
@@ -45,14 +45,14 @@ def _carry_cache(forward: _BlockForward, rows: torch.Tensor, start: int, next_ro
         return None
     held = rows if forward.cache_rows is None else rows[forward.cache_rows]
     idx = torch.searchsorted(held, next_rows)
-    cache = forward.cache if idx.numel() == held.numel() else _index_cache(forward.cache, idx)
+    cache = forward.cache if idx.numel() == held.numel() else index_cache(forward.cache, idx)
     return cache, start
 
 
-def _index_cache(cache, rows: torch.Tensor):
+def index_cache(cache, rows: torch.Tensor):
     """Select batch rows of a legacy cache (nested tuples/lists of `[B, ...]` tensors)."""
     if isinstance(cache, torch.Tensor):
         return cache[rows]
     if isinstance(cache, (tuple, list)):
-        return type(cache)(_index_cache(c, rows) for c in cache)
+        return type(cache)(index_cache(c, rows) for c in cache)
     raise RuntimeError(f"cannot select rows of a {type(cache).__name__} cache; pass eos_early_stop=False")

@@ -24,11 +24,11 @@ import torch
 
 from dlm.decoding_config import DecodingConfig
 from dlm.engine.driver import Rows, Tally, decide, fill_when_spent, read_step_status, same_rows, subset_index
-from dlm.engine.masked.eos import _rows_needing_model, _stop_at_eos
-from dlm.engine.masked.forward import _BlockForward
-from dlm.engine.masked.inputs import _full_attention
-from dlm.engine.masked.kv_cache import _carry_cache
-from dlm.engine.masked.lookahead import _LookaheadForward
+from dlm.engine.masked.eos import rows_needing_model, stop_at_eos
+from dlm.engine.masked.forward import KVCachedForward
+from dlm.engine.masked.inputs import full_attention_mask
+from dlm.engine.masked.kv_cache import carry_cache
+from dlm.engine.masked.lookahead import BlockLookahead
 from dlm.engine.masked.plan import MaskedPlan, plan_masked
 from dlm.engine.masked.window import BlockWindow, fit_logits
 from dlm.engine.schedule import block_budget, tokens_this_step
@@ -68,7 +68,7 @@ class Block:
     end: int
     budget: int
     rows: Rows
-    forward: _BlockForward
+    forward: KVCachedForward
     reuse: object = None
     used: int = 0
     step: int = 0
@@ -96,7 +96,7 @@ class MaskedRun:
 
     def __init__(self, plan: MaskedPlan, x: torch.Tensor, tally: Tally):
         self.plan, self.x, self.tally = plan, x, tally
-        self.full_mask, self.positions = _full_attention(plan.attention_mask, plan.gen_length)
+        self.full_mask, self.positions = full_attention_mask(plan.attention_mask, plan.gen_length)
         model_positions = getattr(plan.adapter.model, "dlm_position_ids", None)
         if model_positions is not None:
             # The model defines its own position scheme; computed once, since the prompt never changes.
@@ -123,13 +123,12 @@ class MaskedRun:
         if not any(self.decoding):
             return None
         rows = Rows.from_flags(self.decoding, self.x.device)
-        forward = _BlockForward(
+        carried = None if self.last_block_cache is None else carry_cache(*self.last_block_cache, rows.index)
+        forward = KVCachedForward(
             plan.adapter, plan.kv_cache, plan.cache_refresh_every, plan.cfg_scale, plan.prompt_length,
             None if self.full_mask is None else self.full_mask[rows.index],
-            None if self.positions is None else self.positions[rows.index], cut=plan.cut_trailing_masks)
-        forward.want_hidden = plan.policy.needs_hidden_states
-        if self.last_block_cache is not None:
-            forward.carried = _carry_cache(*self.last_block_cache, rows.index)
+            None if self.positions is None else self.positions[rows.index], cut=plan.cut_trailing_masks,
+            want_hidden=plan.policy.needs_hidden_states, carried=carried)
         block = Block(index, start, start + plan.block_length, budget, rows, forward, reuse=self.carried)
         self.carried = None
         return block
@@ -148,7 +147,7 @@ class MaskedRun:
             view.candidates[:, plan.block_length:] = False  # the head's last pass: fill the head only
         lookahead = None
         if plan.policy.looks_ahead and not last:
-            lookahead = _LookaheadForward(block.forward, view.x_rows, block.start, view.span_end, plan.mask_id,
+            lookahead = BlockLookahead(block.forward, view.x_rows, block.start, view.span_end, plan.mask_id,
                                           block.budget - block.used, like=logits,
                                           eos_id=plan.adapter.eos_token_id if plan.skip_finished else None)
         ctx = self._context(block, view, last, lookahead)
@@ -188,7 +187,7 @@ class MaskedRun:
         forward's non-finite count (raises), and which rows still need the model. Returns `(open,
         in_model)`: `in_model` `[R']` indices into the block's rows (None: all of them)."""
         plan = self.plan
-        needs = _rows_needing_model(view.block_x, plan.adapter.eos_token_id, plan.mask_id) if plan.skip_finished else None
+        needs = rows_needing_model(view.block_x, plan.adapter.eos_token_id, plan.mask_id) if plan.skip_finished else None
         counts = [view.head_left.sum()] + ([] if block.nonfinite is None else [block.nonfinite])
         (masks_left, *bad), flags = read_step_status(counts, needs)
         if bad and bad[0]:
@@ -261,7 +260,7 @@ class MaskedRun:
             self.last_block_cache = (block.forward, block.rows.index, block.start)  # a cut forward's cache ends at `end`
         self.steps_left -= block.used
         if plan.eos_early_stop:
-            finished = _stop_at_eos(self.x, block.rows.index, plan.prompt_length, block.end,
+            finished = stop_at_eos(self.x, block.rows.index, plan.prompt_length, block.end,
                                     plan.adapter.eos_token_id).tolist()  # once per block
             for row, done in zip(block.rows.host, finished):
                 if done:
@@ -277,7 +276,7 @@ def _window(plan: MaskedPlan, device) -> BlockWindow | None:
                        eos_id=plan.adapter.eos_token_id if plan.eos_early_stop else None)
 
 
-def _step_records(block: Block, nfe: int, live, block_x: torch.Tensor, new_block: torch.Tensor, mask_id: int,
+def _step_records(block: Block, nfe: int, in_model, block_x: torch.Tensor, new_block: torch.Tensor, mask_id: int,
                   was_full: bool, forwards: int, branches: int, lookahead, keep_tokens: bool) -> list[StepTrace]:
     """The `StepTrace` records of one step: one record, unless a lookahead call ran on fewer rows than
     the step's own forward (rows that finished inside the step leave the call). Then the first record
@@ -287,7 +286,7 @@ def _step_records(block: Block, nfe: int, live, block_x: torch.Tensor, new_block
     rows = block.rows.index
     before = (block_x == mask_id).sum(dim=1)
     left = (new_block == mask_id).sum(dim=1)
-    seen = slice(None) if live is None else live
+    seen = slice(None) if in_model is None else in_model
     tokens = new_block[seen].clone() if keep_tokens else None
     calls = [] if lookahead is None else lookahead.row_sets
 
@@ -296,7 +295,7 @@ def _step_records(block: Block, nfe: int, live, block_x: torch.Tensor, new_block
                          masks_left=masks_left, full_forward=full, forwards=passes, branch_forwards=branch_passes,
                          tokens=kept)
 
-    if all(same_rows(r, live) for r, _ in calls):
+    if all(same_rows(r, in_model) for r, _ in calls):
         return [record(seen, (before - left)[seen], left[seen], was_full, forwards, branches, tokens)]
     own = forwards - len(calls)  # the step's own forward pass: 0 when it reused lookahead logits
     records = [record(seen, (before - left)[seen], left[seen], was_full, own, own, tokens)]

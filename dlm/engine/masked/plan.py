@@ -14,7 +14,7 @@ import torch
 from dlm.adapters import DLMAdapter
 from dlm.decoding_config import DEFAULT_GEN_LENGTH, DecodingConfig
 from dlm.engine.masked.forward import resolve_kv_cache
-from dlm.engine.masked.inputs import _check_input_ids, _check_special_ids, check_prompt_ids
+from dlm.engine.masked.inputs import check_input_ids, check_special_ids, check_prompt_ids
 from dlm.engine.schedule import validate_lengths
 from samplers import Sampler
 
@@ -77,12 +77,12 @@ def plan_masked(model, input_ids: torch.Tensor, config: DecodingConfig, policy: 
     steps = gen_length if config.steps is None else config.steps
     block_length = gen_length if config.block_length is None else config.block_length
     num_blocks = validate_lengths(gen_length, block_length, steps)
-    _check_input_ids(input_ids, attention_mask)
+    check_input_ids(input_ids, attention_mask)
     adapter = DLMAdapter.wrap(model, mask_token_id=config.mask_token_id, eos_token_id=config.eos_token_id,
                               shift_logits=config.shift_logits)
     kv_cache = _resolved_cache(config, adapter, policy)
     eos_early_stop = _resolved_eos_stop(config, adapter)
-    _check_special_ids(adapter)
+    check_special_ids(adapter)
     attention_mask = check_prompt_ids(adapter, input_ids, attention_mask)
     batch, prompt_length = input_ids.shape
     _check_context(adapter, prompt_length, gen_length)

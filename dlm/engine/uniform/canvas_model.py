@@ -118,7 +118,7 @@ def select_cache_rows(cache, rows: torch.Tensor, repeat: int = 1):
     return out
 
 
-class _LiveDecoder:
+class RowSubsetDecoder:
     """Runs the decoder on a subset of the batch, rebuilding the row-selected cache and masks only
     when the subset changes (rows only ever leave within a canvas). The subset is known on the host
     (`live`, the loop's list of batch rows; None for every row), so no device read decides it."""

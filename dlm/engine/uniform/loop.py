@@ -39,7 +39,7 @@ import torch
 
 from dlm.engine.driver import Rows, Tally, read_step_status
 from dlm.engine.schedule import block_budget
-from dlm.engine.uniform.canvas_model import _LiveDecoder
+from dlm.engine.uniform.canvas_model import RowSubsetDecoder
 from dlm.engine.uniform.plan import UniformPlan, plan_uniform
 from dlm.outputs import GenerateOutput, StepTrace, nonfinite_positions, raise_nonfinite
 from samplers import Sampler
@@ -73,13 +73,13 @@ def run_uniform(model, input_ids: torch.Tensor, config, policy: Sampler | None, 
 @dataclass
 class Canvas:
     """One canvas being denoised: its `index`, the `rule` deciding its steps, the `decoder` over its
-    live rows, the rows the next step decodes (`live`, batch rows on the host; None: every row),
+    live rows, the rows the next step decodes (`in_model`, batch rows on the host; None: every row),
     forward passes `used` and the step index `step`."""
 
     index: int
     rule: Any
-    decoder: _LiveDecoder
-    live: list[int] | None
+    decoder: RowSubsetDecoder
+    in_model: list[int] | None
     used: int = 0
     step: int = 0
 
@@ -125,7 +125,7 @@ class CanvasRun:
         rule = self.plan.make_rule(budget)
         rule.block_start = self.cur_len
         live = rule.start(self.batch, self.sequences.device, self.finished, self.finished_rows)  # None: all
-        decoder = _LiveDecoder(self.cm, self.cache, self.decoder_mask2d, self.dec_positions, self.batch)
+        decoder = RowSubsetDecoder(self.cm, self.cache, self.decoder_mask2d, self.dec_positions, self.batch)
         return Canvas(index, rule, decoder, live)
 
     def run_step(self, canvas: Canvas) -> bool:
@@ -133,22 +133,22 @@ class CanvasRun:
         reads the device once (which rows go on, whether the logits were finite), so it can queue
         the next step without waiting otherwise."""
         rule = canvas.rule
-        if canvas.step >= rule.budget() or canvas.live == [] or canvas.used >= rule.budget():
+        if canvas.step >= rule.budget() or canvas.in_model == [] or canvas.used >= rule.budget():
             return False
-        rows = Rows.of(canvas.live, self.batch, self.sequences.device, every_index=self.every_row)
+        rows = Rows.of(canvas.in_model, self.batch, self.sequences.device, every_index=self.every_row)
         self.per_row_nfe[rows.index] += (~self.finished[rows.index]).long()  # ended rows count nothing (transformers)
-        every = canvas.live is None
+        every = canvas.in_model is None
         logits = canvas.decoder(rule.canvas if every else rule.canvas[rows.index],
                                 rule.soft if every or rule.soft is None else rule.soft[rows.index],
-                                rows.index, canvas.live)
+                                rows.index, canvas.in_model)
         bad = nonfinite_positions(logits)
-        extra, extra_branches = rule.step(logits, rows.index, canvas.step, canvas.decoder, canvas.live)
+        extra, extra_branches = rule.step(logits, rows.index, canvas.step, canvas.decoder, canvas.in_model)
         del logits
         (bad_count,), flags = read_step_status([bad], rule.live_mask())
         if bad_count:
             raise_nonfinite(bad_count, block=canvas.index, step=canvas.step, what="canvas")
         live = rule.next_live([row for row, on in enumerate(flags) if on])
-        canvas.live = None if live is not None and len(live) == self.batch else live
+        canvas.in_model = None if live is not None and len(live) == self.batch else live
         canvas.used += 1 + extra
         self.tally.forwards(1 + extra, 1 + extra_branches)
         if self.tally.observed:

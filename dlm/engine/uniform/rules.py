@@ -9,7 +9,7 @@ import torch
 
 from dlm.engine.driver import Lookahead, decide, fill_when_spent
 from dlm.engine.schedule import block_budget, tokens_this_step
-from dlm.engine.uniform.canvas_model import UNACCEPTED, _LiveDecoder
+from dlm.engine.uniform.canvas_model import UNACCEPTED, RowSubsetDecoder
 from samplers import Sampler, StepContext
 from samplers.unmasking.entropy_bound import (EntropyBoundConfig, StableConfidentStop, entropy_bound_accept,
                                               linear_temperature, race_entropy_argmax, stream_segments)
@@ -64,7 +64,7 @@ class EntropyBoundRule:
     def self_conditioning_for(self, rows: torch.Tensor):
         return None if self.soft is None else self.soft[rows]
 
-    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder,
+    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: RowSubsetDecoder,
              live: list[int] | None = None) -> tuple[int, int]:
         """Phases score/accept/renoise/stop for `rows` (`[R]`, on the host `live`; None: every row),
         logits `[R, C, V]`. Returns the forwards and branch forwards spent beyond the loop's own
@@ -192,7 +192,7 @@ class AcceptRule:
         noise = torch.randint(0, self.V, tokens.shape, device=tokens.device, generator=self.generator)
         return torch.where(accepted, tokens, noise)
 
-    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: _LiveDecoder,
+    def step(self, logits: torch.Tensor, rows: torch.Tensor, step: int, decoder: RowSubsetDecoder,
              live: list[int] | None = None) -> tuple[int, int]:
         """One step for `rows` (`[R]`), logits `[R, C, V]`: the sampler decides on the current
         sub-block, the contract is enforced, the rest renoised. Returns the look-ahead forwards and
@@ -206,7 +206,7 @@ class AcceptRule:
         last = left_in_budget <= 1
         lookahead = None
         if self.policy.looks_ahead and not last:
-            lookahead = _CanvasLookahead(self, decoder, rows, x_full, lo, hi, left_in_budget - 1)
+            lookahead = CanvasLookahead(self, decoder, rows, x_full, lo, hi, left_in_budget - 1)
         ctx = StepContext(
             x=block_x, candidates=candidates, num_transfer=tokens_this_step(masks_left, left_in_budget),
             step=self.sub_used, steps_in_block=self.sub_budget, last_step=last, temperature=self.temperature,
@@ -241,13 +241,13 @@ class AcceptRule:
         return self.accepted[rows].clone()  # `[R, C]` bool, for the trace
 
 
-class _CanvasLookahead(Lookahead):
+class CanvasLookahead(Lookahead):
     """`ctx.forward` for a look-ahead sampler on a canvas: candidates `[R, k, Lb]` (the sub-block,
     `UNACCEPTED` where not accepted) -> logits `[R, k, Lb, V]`, one batched decoder call."""
 
     unit = "canvas"
 
-    def __init__(self, rule: AcceptRule, decoder: _LiveDecoder, rows, x_full, lo, hi, allowance: int):
+    def __init__(self, rule: AcceptRule, decoder: RowSubsetDecoder, rows, x_full, lo, hi, allowance: int):
         super().__init__(x_full.shape[0], hi - lo, allowance)
         self.rule, self.decoder, self.rows, self.x_full, self.lo, self.hi = rule, decoder, rows, x_full, lo, hi
 
