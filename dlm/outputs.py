@@ -65,6 +65,10 @@ class GenerateOutput:
         nfe_per_sequence: `[B]` long, forward passes each row took part in (uniform-noise models:
             transformers' DiffusionGemma count of decoder forwards per sequence); None on the
             masked engine, where every row of a call shares `nfe`.
+        schedule_steps_per_block: steps of the budget's schedule each block took: its forward
+            passes, except for a lossless draft-and-verify sampler, where it is its base's steps
+            (equal to the base's own `steps_per_block`); their sum over `nfe` is the steps it
+            takes per forward pass.
     """
 
     sequences: torch.Tensor
@@ -77,6 +81,7 @@ class GenerateOutput:
     branch_forwards: int = 0
     experts: Any = None
     nfe_per_sequence: torch.Tensor | None = None
+    schedule_steps_per_block: list[int] = field(default_factory=list)
 
 
 class NonFiniteLogitsError(ValueError):

@@ -79,6 +79,10 @@ class StepContext:
             None when the block has no pass left after this step's (the sampler must then take
             its plain path) and for samplers that do not look ahead.
         forwards_left: how many times `forward` may still be called in this step (0 when None).
+        output_fixed: with the driver's EOS stop, a callable `blocks [N, Lb] long -> [N] bool`: the
+            rows whose output can no longer change in that state (an EOS with no mask before it);
+            the driver hands such rows zero logits at a step that starts in that state (and a
+            lookahead call gives zeros for a row whose every candidate is so). None without EOS stop.
     """
 
     x: torch.Tensor
@@ -96,6 +100,7 @@ class StepContext:
     hidden: torch.Tensor | None = None
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None
     forwards_left: int = 0
+    output_fixed: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass
@@ -110,12 +115,17 @@ class StepResult:
         next_logits: optional `[B, Lb, V]`, logits that this step's `ctx.forward` call computed for
             exactly the returned `x`. The driver then skips the next step's forward pass and hands
             these over instead (if it had to change `x`, e.g. to force progress, it discards them).
+        schedule_steps: optional 0-d long tensor, the steps of the block's schedule this decision
+            took (a lossless draft-and-verify sampler commits several of its base's steps per
+            forward); the driver rolls the budget over between blocks by these instead of by the
+            forward passes spent. None: the forward passes this step cost.
     """
 
     x: torch.Tensor
     proposal: torch.Tensor
     confidence: torch.Tensor
     next_logits: torch.Tensor | None = None
+    schedule_steps: torch.Tensor | None = None
 
 
 class Sampler:
@@ -133,6 +143,12 @@ class Sampler:
         looks_ahead: True if the sampler evaluates candidate blocks through `ctx.forward`.
         ensemble: True if the "sampler" combines whole generations (HEX) instead of deciding
             steps; `dlm.generate` hands such a name to `dlm.ensemble`.
+        deterministic: True if, at temperature 0 (and alg_temp 0 where the config has it), `step`
+            decides from its inputs alone: no random draw and no state between steps (see
+            `is_deterministic`); what a lossless draft-and-verify sampler needs of its base.
+        drafts_and_verifies: True for a sampler that reproduces another's steps exactly through
+            `ctx.forward` (`lossless`): the driver refuses the settings it cannot reproduce
+            (temperature > 0, a block window, a mid-block cache refresh).
     """
 
     name: ClassVar[str] = ""
@@ -142,6 +158,8 @@ class Sampler:
     needs_hidden_states: bool = False
     looks_ahead: ClassVar[bool] = False
     ensemble: ClassVar[bool] = False
+    deterministic: ClassVar[bool] = False
+    drafts_and_verifies: ClassVar[bool] = False
 
     def __init__(self, config: SamplerConfig | None = None, **overrides: Any):
         known = {f.name for f in dataclasses.fields(self.Config)}
@@ -164,6 +182,10 @@ class Sampler:
     def init_state(self, batch_size: int, seq_len: int, device: torch.device) -> dict:
         """Fresh per-generation state; stateless samplers return an empty dict."""
         return {}
+
+    def is_deterministic(self) -> bool:
+        """Whether this configured sampler decides from its inputs alone at temperature 0."""
+        return self.deterministic and not getattr(self.config, "alg_temp", 0.0)
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
         """Decide the block's next state. `logits` is `[B, Lb, V]`, aligned with `ctx.x`."""

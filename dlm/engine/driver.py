@@ -177,6 +177,7 @@ class Tally:
         self.callback, self.keep_trace, self.per_unit = callback, keep_trace, per_unit
         self.nfe = self.branch_forwards = self.forward_tokens = 0
         self.steps_per_block: list[int] = []
+        self.schedule_steps_per_block: list[int] = []
         self.trace: list[StepTrace] = []
         self.bar = tqdm(total=total, desc=desc, unit=unit, disable=not progress, leave=False)
         self.started = time.perf_counter()
@@ -193,9 +194,11 @@ class Tally:
         if not self.per_unit:
             self.bar.update(forwards)
 
-    def unit_done(self, passes: int, forward_tokens: int) -> None:
-        """A block or canvas is finished: its passes and the query positions its model calls read."""
+    def unit_done(self, passes: int, forward_tokens: int, schedule_steps: int | None = None) -> None:
+        """A block or canvas is finished: its passes, the query positions its model calls read, and
+        the steps of the budget's schedule it took (None: its passes)."""
         self.steps_per_block.append(passes)
+        self.schedule_steps_per_block.append(passes if schedule_steps is None else schedule_steps)
         self.forward_tokens += forward_tokens
         if self.per_unit:
             self.bar.update(1)
@@ -215,4 +218,4 @@ class Tally:
             sequences=sequences, nfe=self.nfe, tpf=generated / max(self.nfe, 1),
             seconds=time.perf_counter() - self.started, forward_tokens=self.forward_tokens + extra_forward_tokens,
             steps_per_block=self.steps_per_block, trace=self.trace, branch_forwards=self.branch_forwards,
-            nfe_per_sequence=nfe_per_sequence)
+            nfe_per_sequence=nfe_per_sequence, schedule_steps_per_block=self.schedule_steps_per_block)

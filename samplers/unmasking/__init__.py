@@ -9,6 +9,7 @@ from samplers.unmasking import saber, credit, hierarchical  # noqa: F401,E402
 from samplers.unmasking import lopa  # noqa: F401  (looks ahead through ctx.forward)
 from samplers.unmasking import entropy_bound  # noqa: F401,E402  (DiffusionGemma's rule; native on uniform-noise models)
 from samplers.unmasking import hex  # noqa: F401  (an ensemble: run by dlm.ensemble)
+from samplers.unmasking import lossless  # noqa: F401,E402  (draft-and-verify over a deterministic sampler)
 
 # Our samplers as diffusers discrete schedulers (LLaDA2Pipeline / DiffusionGemmaPipeline). Loaded on
 # first access, so importing the policies does not import diffusers.

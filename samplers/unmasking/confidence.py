@@ -23,6 +23,7 @@ class ConfidenceConfig(ScoredConfig):
 class ConfidenceSampler(Sampler):
     name = "confidence"
     Config = ConfidenceConfig
+    deterministic = True
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
         s = step_stats(logits, ctx)

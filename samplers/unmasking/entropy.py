@@ -23,6 +23,7 @@ class EntropyConfig(ScoredConfig):
 class EntropySampler(Sampler):
     name = "entropy"
     Config = EntropyConfig
+    deterministic = True
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
         s = step_stats(logits, ctx, entropy=True)

@@ -42,6 +42,7 @@ def entropy_bounded_count(entropy: torch.Tensor, candidates: torch.Tensor, gamma
 class EntropyBoundedSampler(Sampler):
     name = "eb"
     Config = EntropyBoundedConfig
+    deterministic = True
     adaptive = True
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:

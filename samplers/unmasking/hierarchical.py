@@ -67,6 +67,7 @@ def best_of_each_run(confidence: torch.Tensor, candidates: torch.Tensor) -> torc
 class HierarchicalSampler(Sampler):
     name = "hierarchical"
     Config = HierarchicalConfig
+    deterministic = True
     adaptive = True
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:

@@ -24,6 +24,7 @@ class MarginConfig(ScoredConfig):
 class MarginSampler(Sampler):
     name = "margin"
     Config = MarginConfig
+    deterministic = True
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
         s = step_stats(logits, ctx, margin=True)

@@ -40,6 +40,7 @@ class PositionAwareConfig(ScoredConfig):
 class PositionAwareSampler(Sampler):
     name = "position"
     Config = PositionAwareConfig
+    deterministic = True
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:
         s = step_stats(logits, ctx)

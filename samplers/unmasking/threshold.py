@@ -46,6 +46,7 @@ def factor_count(confidence: torch.Tensor, candidates: torch.Tensor, factor: flo
 class ThresholdSampler(Sampler):
     name = "threshold"
     Config = ThresholdConfig
+    deterministic = True
     adaptive = True
 
     def step(self, logits: torch.Tensor, ctx: StepContext) -> StepResult:

@@ -61,7 +61,10 @@ class Block:
     """One block being decoded (phase 1): positions `[start, end)`, its `budget` of forward passes
     (`used` so far, `step` index), its `rows` (batch rows decoded), the `forward` that owns its KV
     cache, and what the last step left for the next: `reuse` (logits a lookahead call already
-    computed for the current block state) and `nonfinite` (`[]` count of the last forward)."""
+    computed for the current block state) and `nonfinite` (`[]` count of the last forward).
+    `schedule` counts the steps of the budget's schedule taken: the forward passes, unless a sampler
+    reports its own (a lossless sampler takes several of its base's steps per pass); the next
+    block's budget rolls over by it."""
 
     index: int
     start: int
@@ -73,6 +76,7 @@ class Block:
     used: int = 0
     step: int = 0
     nonfinite: torch.Tensor | None = None
+    schedule: int | torch.Tensor = 0  # steps of the budget's schedule taken (`StepResult.schedule_steps`)
 
 
 @dataclass
@@ -156,6 +160,8 @@ class MaskedRun:
         del logits  # a [R, Lb, V] table: gone before the next forward makes another
         calls, branches = (0, 0) if lookahead is None else (lookahead.calls, lookahead.branches)
         block.used += calls
+        taken = result.schedule_steps
+        block.schedule = block.schedule + (forwards + calls if taken is None else taken)
         block.reuse = _reusable_logits(result, new_block, lookahead)
         if block.reuse is None and block.used >= block.budget:
             new_block = fill_when_spent(new_block, result, plan.mask_id, self._head_only(view))
@@ -231,7 +237,11 @@ class MaskedRun:
             steps_in_block=block.budget, last_step=last, temperature=plan.temperature, generator=plan.generator,
             mask_token_id=plan.mask_id, block_start=block.start, state=self.state, rows=block.rows.index,
             forward=lookahead, forwards_left=0 if lookahead is None else lookahead.left,
-            hidden=block.forward.hidden)
+            hidden=block.forward.hidden, output_fixed=self._output_fixed if plan.skip_finished else None)
+
+    def _output_fixed(self, blocks: torch.Tensor) -> torch.Tensor:
+        """`[N]` bool: rows of `blocks [N, Lb]` whose output is fixed (EOS stop; see `StepContext`)."""
+        return ~rows_needing_model(blocks, self.plan.adapter.eos_token_id, self.plan.mask_id)
 
     def _head_only(self, view: StepView) -> torch.Tensor | None:
         """With a window, the budget's last fill is confined to the head block's candidates."""
@@ -255,10 +265,11 @@ class MaskedRun:
         plan = self.plan
         if self.window is not None:
             self.carried = block.reuse  # the next head starts from these logits when the lookahead left some
-        self.tally.unit_done(block.used, block.forward.forward_tokens)
+        schedule = int(block.schedule)  # a host read only when a sampler reported its own steps
+        self.tally.unit_done(block.used, block.forward.forward_tokens, schedule)
         if plan.kv_cache == "prompt" or (plan.cache_across_blocks and not block.forward.cut):
             self.last_block_cache = (block.forward, block.rows.index, block.start)  # a cut forward's cache ends at `end`
-        self.steps_left -= block.used
+        self.steps_left -= schedule
         if plan.eos_early_stop:
             finished = stop_at_eos(self.x, block.rows.index, plan.prompt_length, block.end,
                                     plan.adapter.eos_token_id).tolist()  # once per block

@@ -91,6 +91,8 @@ def plan_masked(model, input_ids: torch.Tensor, config: DecodingConfig, policy: 
     if config.window_blocks > 1 and num_blocks > 1 and policy.remasks:
         raise ValueError(f"window_blocks > 1 needs a sampler that does not remask ({policy.name!r} does): "
                          "its window commits across blocks; use window_blocks=1")
+    if policy.drafts_and_verifies:
+        _check_reproducible(policy, config)
     return MaskedPlan(
         adapter=adapter, policy=policy, sampler_step=sampler_step, gen_length=gen_length, block_length=block_length,
         steps=steps, num_blocks=num_blocks, batch=batch, prompt_length=prompt_length, attention_mask=attention_mask,
@@ -131,6 +133,19 @@ def _check_sampler_layer(policy: Sampler, adapter: DLMAdapter, kv_cache: str, cf
     if policy.needs_hidden_states and (kv_cache != "none" or cfg_scale > 0):
         raise ValueError(f"sampler {policy.name!r} reads the model's hidden states, which need kv_cache='none' "
                          f"and cfg_scale=0")
+
+
+def _check_reproducible(policy: Sampler, config: DecodingConfig) -> None:
+    """A draft-and-verify sampler reproduces its base's forwards through the lookahead call: refuse
+    what that call cannot reproduce."""
+    if config.temperature > 0:
+        raise ValueError(f"sampler {policy.name!r} reproduces a greedy decode: pass temperature=0")
+    if config.window_blocks > 1:
+        raise ValueError(f"sampler {policy.name!r} decodes one block at a time: use window_blocks=1")
+    if config.cache_refresh_every > 1:
+        raise ValueError(f"sampler {policy.name!r} cannot reproduce a cache refresh every "
+                         f"{config.cache_refresh_every} steps (its verification pass reuses the block's cache): "
+                         "use cache_refresh_every=0 or 1")
 
 
 def _sampler_step(policy: Sampler, device: torch.device, config: DecodingConfig) -> Callable:

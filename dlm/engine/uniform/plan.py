@@ -98,6 +98,10 @@ def _sampler_plan(model, cm: DiffusionGemmaCanvasModel, gc, max_new: int, input_
             return EntropyBoundRule(policy.config, budget, V, C, cm.embed_dtype, generator=config.generator,
                                     full_stream=False)
         return UniformPlan(cm, max_new, eos, pad, make_rule, steps=steps)
+    if policy.drafts_and_verifies:
+        raise ValueError(f"sampler {policy.name!r} does not run on a uniform-noise model: every step's input holds "
+                         "fresh noise and the previous step's logits (self-conditioning), so later steps cannot be "
+                         "drafted from one forward; use its base sampler")
     policy.prepare(model)
     if policy.needs_hidden_states:
         raise ValueError(f"sampler {policy.name!r} with a layer that reads hidden states does not run on a "

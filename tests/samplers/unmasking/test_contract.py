@@ -94,6 +94,8 @@ def run(name, model=None, steps=16, temperature=1.0, seed=0, prompt=PROMPT, **kw
     kw.setdefault("block_length", 8)
     kw.setdefault("eos_early_stop", False)  # the budget checks below need every block decoded
     sampler = STAND_INS[name]() if name in STAND_INS else _sampler(name, model)
+    if sampler_class(name).drafts_and_verifies:
+        temperature = 0.0  # it reproduces a greedy decode (and refuses temperature > 0: test_lossless.py)
     return dlm.generate(model, prompt, steps=steps, sampler=sampler, temperature=temperature, generator=gen, **kw)
 
 
