@@ -89,7 +89,7 @@ def compiled_sampler_step(policy, device: torch.device, temperature: float) -> C
 
     def call(logits: torch.Tensor, ctx):
         fields = {name: standard_strides(getattr(ctx, name)) for name in _CONTEXT_TENSORS
-                  if isinstance(getattr(ctx, name), torch.Tensor)}
+                  if isinstance(getattr(ctx, name, None), torch.Tensor)}
         changed = {name: t for name, t in fields.items() if t is not getattr(ctx, name)}
         if changed:
             ctx = dataclasses.replace(ctx, **changed)

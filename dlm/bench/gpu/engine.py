@@ -262,7 +262,7 @@ def agreement(a_sequences, b_sequences, a_steps: list, b_steps: list, prompt: in
     compared, `steps_compared` says how many were)."""
     a, b = a_sequences[:, prompt:].cpu(), b_sequences[:, prompt:].cpu()
     n = min(a.shape[1], b.shape[1])
-    equal = (a[:, :n] == b[:, :n]).float().mean().item() if n else 1.0
+    equal = int((a[:, :n] == b[:, :n]).sum()) / (a.shape[0] * n) if n else 1.0
     if a.shape[1] != b.shape[1]:
         equal *= n / max(a.shape[1], b.shape[1])
     first = None
