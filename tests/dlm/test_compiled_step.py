@@ -60,3 +60,37 @@ def test_compile_must_be_a_bool():
     model, tok = dlm.load("tiny-dlm")
     with pytest.raises(ValueError, match="compile must be True or False"):
         dlm.generate(model, torch.tensor([tok.encode_prompt("copy: bo")]), gen_length=16, compile="yes")
+
+
+def test_one_compiled_graph_per_call_at_256_tokens_in_blocks_of_32(monkeypatch):
+    """The prefix cache hands the step each block's logits as a slice of a forward whose length grows block
+    by block; with `dynamic=False` the compiled step guarded on that slice's strides, compiled one graph per
+    block and, at the ninth, hit torch's limit of 8 and ran eager. Counted with dynamo's counting backend
+    (the same guards as inductor's, without its compile time): one graph for the whole call, none for a
+    second call with another prompt length, and the eager tokens."""
+    from torch._dynamo.testing import CompileCounter
+
+    from dlm.replicas import TINY_OVERRIDES, replica
+
+    counter = CompileCounter()
+    real_compile = torch.compile
+
+    def counting(fn, *, dynamic, mode):
+        assert dynamic is False and mode is None  # what dlm.compiled asks for on CPU
+        return real_compile(fn, dynamic=dynamic, backend=counter)
+    monkeypatch.setattr(torch, "compile", counting)
+    compiled_mod._compiled.cache_clear()
+    torch._dynamo.reset()
+    model = replica("llada-8b", layers=1, overrides=TINY_OVERRIDES["llada-8b"], device="cpu", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    kw = dict(gen_length=256, block_length=32, steps=64, sampler="confidence", kv_cache="prefix",
+              eos_early_stop=False)
+    try:
+        for batch, prompt, graphs in ((1, 12, 1), (1, 20, 1), (3, 12, 2)):
+            ids = torch.randint(0, 500, (batch, prompt), generator=gen)
+            ours = dlm.generate(model, ids, compile=True, **kw)
+            assert counter.frame_count == graphs, (batch, prompt, counter.frame_count)
+            assert torch.equal(ours.sequences, dlm.generate(model, ids, **kw).sequences)
+    finally:
+        compiled_mod._compiled.cache_clear()  # no counting-backend step leaks into later tests
+        torch._dynamo.reset()

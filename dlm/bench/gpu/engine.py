@@ -1,18 +1,18 @@
-"""Report section: the decoding engine on real-size replicas, beside the model's own forward time and the
-field's code on the same replica in the same run.
+"""The decoding engine's measurements on real-size replicas, shared by the report's engine parts
+(`engine_masked`, `engine_uniform`, `autoregressive`, `extras`).
 
-- LLaDA-8B shape (masked): `dlm.generate` at the fixed budget of issue 40 (256 tokens in 64 steps, blocks of
-  32, prefix KV cache, `confidence`: 4 tokens per step, no early stop) at batch 1, 4, 16: tokens/s, ms per
-  step, the share of the step spent outside the model's forward (the engine's overhead: sampler,
-  statistics, bookkeeping and host waits), device reads per step, peak memory; batch 1 again with
-  `compile=True`.
-- DiffusionGemma-26B-A4B shape (uniform noise): one 256-token canvas at 16 denoising steps (transformers'
-  rule with adaptive stopping off, so both engines run every step) at batch 1, 4, 8 (16 for ours):
-  `dlm.generate` and transformers' `generate` from the same seed, tokens asserted identical (recorded, the
-  run goes on), tokens/s of each, the share of the step outside the model (sampler + statistics), device
-  reads per step, and the peak memory per request beside the logits' own size (the sampler's transient).
-- LLaDA2.0-mini shape: `dlm.generate` beside diffusers' `LLaDA2Pipeline` at the same budget (needs
-  diffusers on the machine; recorded as skipped otherwise).
+- `masked_row`: `dlm.generate` on a masked replica (LLaDA-8B shape): tokens/s, ms per step, the share of
+  the step spent outside the model's forward (the engine's overhead: sampler, statistics, bookkeeping and
+  host waits), device reads per step, peak memory.
+- `uniform_row`: `dlm.generate` on the DiffusionGemma-26B-A4B replica (one canvas, transformers' rule with
+  adaptive stopping off, so every step runs): the same figures, with the sampler's share and its transient
+  memory per request beside the logits' own size; `transformers_row`: transformers' `generate` on the same
+  replica from the same seed (time, peak); `identity`: how far the two engines' tokens agree (the fraction
+  of equal tokens, the first denoising step whose argmax canvas differs), beside transformers run against
+  itself and ours against ours, so a difference of rounding (on a GPU cuBLAS picks kernels by row count,
+  and our soft embedding runs in chunks of positions where transformers runs one product) reads apart
+  from a difference of rule. Judged apart from speed.
+- `llada2_vs_diffusers`: `dlm.generate` beside diffusers' `LLaDA2Pipeline` on the LLaDA2.0-mini replica.
 
 Model time is measured inside the run: CUDA events around every call of the model's modules (and of the
 self-conditioning soft embedding, which transformers computes inside its decoder), summed; the engine's
@@ -26,14 +26,26 @@ import time
 
 import torch
 
-from dlm.bench.gpu import ReportContext, peak_extra_bytes, time_call
+from dlm.bench.gpu import ReportContext, peak_extra_bytes, time_call, tokens_up_to_eos
 from dlm.bench.gpu.replica_forward import _build, _is_oom, _release
 
 FULL = {"prompt": 256, "gen": 256, "block": 32, "steps": 64, "masked_batches": (1, 4, 16),
-        "uniform_batches": (1, 4, 8, 16), "transformers_max_batch": 8, "denoising_steps": 16, "reps": 3}
+        "uniform_batches": (1, 4, 8, 16), "transformers_max_batch": 8, "identity_batches": (1, 8),
+        "denoising_steps": 16, "reps": 3}
 SMOKE = {"prompt": 16, "gen": 16, "block": 8, "steps": 8, "masked_batches": (1, 2), "uniform_batches": (1, 2),
-         "transformers_max_batch": 2, "denoising_steps": 4, "reps": 2}
+         "transformers_max_batch": 2, "identity_batches": (1, 2), "denoising_steps": 4, "reps": 2}
 FAST_DLLM_TOKENS_PER_S = 54.4  # LLaDA-8B, GSM8K gen 256, prefix cache + threshold, 1x A100 (ALGORITHMS 1.4)
+
+
+def sizes(ctx: ReportContext) -> dict:
+    return SMOKE if ctx.smoke else FULL
+
+
+def masked_budget(s: dict) -> dict:
+    """Issue 40's fixed budget: 256 tokens in 64 steps, blocks of 32, prefix cache, `confidence` (4 tokens
+    per step), no early stop."""
+    return dict(gen_length=s["gen"], block_length=s["block"], steps=s["steps"], sampler="confidence",
+                kv_cache="prefix", eos_early_stop=False)
 
 
 class ModelClock:
@@ -116,48 +128,35 @@ def _syncs_per_step(call, steps: int) -> float:
     return syncs.count / max(steps, 1)
 
 
-def _over_batches(ctx: ReportContext, batches, measure, rows: list, notes: list) -> None:
-    """`rows += measure(batch)` for each batch in order, until the deadline or an out-of-memory error
-    (then the larger batches are skipped); each stop is written in `notes`."""
+def over_batches(ctx: ReportContext, batches, measure, notes: list, minimum_s: float = 10.0) -> None:
+    """`measure(batch)` for each batch in order, until less than `minimum_s` is left before the deadline or
+    `measure` runs out of memory (then the larger batches are skipped); each stop is written in `notes`.
+    `measure` records its own rows (and saves them), so a stop keeps every row measured before it."""
     for batch in batches:
-        if ctx.time_left() <= 0:
-            notes.append(f"batch {batch}+: deadline")
+        if not ctx.may_start(minimum_s):
+            notes.append(f"batch {batch}+: not started, {max(ctx.time_left(), 0):.0f} s left")
             return
+        out_of_memory = False
         try:
-            rows.extend(measure(batch))
+            measure(batch)
         except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
             if not _is_oom(error):
                 raise
+            out_of_memory = True  # released below, once the traceback no longer holds the batch's tensors
+        if out_of_memory:
             notes.append(f"batch {batch}: out of memory; larger batches skipped")
+            _release(ctx, collect=True)
             return
-        finally:
-            _release(ctx)
+        _release(ctx)
 
 
-def _masked(ctx: ReportContext, s: dict) -> dict:
-    import dlm
-
-    model, note = _build(ctx, "llada-8b")
-    info = model.replica_info
-    rows, notes = [], [] if note is None else [note]
-    kw = dict(gen_length=s["gen"], block_length=s["block"], steps=s["steps"], sampler="confidence",
-              kv_cache="prefix", eos_early_stop=False)
-
-    def measure(batch: int) -> list[dict]:
-        gen = torch.Generator(device="cpu").manual_seed(batch)
-        ids = torch.randint(0, model.config.mask_token_id, (batch, s["prompt"]), generator=gen).to(ctx.device)
-        out = [_masked_row(ctx, model, ids, kw, s, compile_step=False)]
-        if batch == 1 and (ctx.smoke or ctx.time_left() > 90):
-            out.append(_masked_row(ctx, model, ids, kw, s, compile_step=True))
-        return out
-    _over_batches(ctx, s["masked_batches"], measure, rows, notes)
-    del model
-    _release(ctx, collect=True)
-    return {"model": "llada-8b", "layers": info.layers, "full_layers": info.full_layers, "budget": dict(kw),
-            "prompt": s["prompt"], "rows": rows, "notes": notes}
+def random_prompt(ctx: ReportContext, batch: int, length: int, high: int, low: int = 0, seed: int | None = None):
+    gen = torch.Generator(device="cpu").manual_seed(batch if seed is None else seed)
+    return torch.randint(low, high, (batch, length), generator=gen).to(ctx.device)
 
 
-def _masked_row(ctx, model, ids, kw, s, compile_step: bool) -> dict:
+def masked_row(ctx: ReportContext, model, ids, kw: dict, reps: int, compile_step: bool = False) -> dict:
+    """One `dlm.generate` setting on a masked replica, measured (see the module docstring)."""
     import dlm
 
     def call():
@@ -166,63 +165,48 @@ def _masked_row(ctx, model, ids, kw, s, compile_step: bool) -> dict:
     first = call()  # warm-up (and, with compile_step, the compilation)
     warm_s = time.perf_counter() - started
     clock = ModelClock(ctx, modules=[model])
-    t = _timed_runs(ctx, clock, call, s["reps"])
+    t = _timed_runs(ctx, clock, call, reps)
     out = t.pop("out")
     batch, nfe = ids.shape[0], out.nfe
-    row = {"batch": batch, "compile": compile_step, "nfe": nfe, **t, "step_ms": t["ms"] / nfe,
-           "forward_ms_per_step": t["model_ms"] / nfe, "overhead_pct": 100.0 * (1 - t["model_ms"] / t["ms"]),
-           "tokens_per_s": batch * kw["gen_length"] / (t["ms"] * 1e-3), "first_call_s": warm_s,
+    generated = out.sequences[:, ids.shape[1]:]
+    tokens = tokens_up_to_eos(generated, model.config.eos_token_id)
+    row = {"batch": batch, "sampler": kw["sampler"], "steps": kw["steps"], "compile": compile_step, "nfe": nfe,
+           **t, "step_ms": t["ms"] / nfe, "forward_ms_per_step": t["model_ms"] / nfe,
+           "overhead_pct": 100.0 * (1 - t["model_ms"] / t["ms"]),
+           "tokens_per_s": batch * kw["gen_length"] / (t["ms"] * 1e-3), "tokens_to_eos": tokens,
+           "tokens_to_eos_per_s": tokens / (t["ms"] * 1e-3), "first_call_s": warm_s,
            "same_tokens_as_first_call": bool(torch.equal(first.sequences, out.sequences)),
            "syncs_per_step": _syncs_per_step(call, nfe), "peak_extra_bytes": peak_extra_bytes(ctx, call)}
-    ctx.log(f"engine: llada-8b batch {batch}{' compiled' if compile_step else ''}: {row['step_ms']:.2f} ms/step "
-            f"(forward {row['forward_ms_per_step']:.2f}, overhead {row['overhead_pct']:.1f}%), "
+    ctx.log(f"engine: {kw['sampler']} batch {batch}{' compiled' if compile_step else ''}: {row['step_ms']:.2f} ms/step "
+            f"(forward {row['forward_ms_per_step']:.2f}, overhead {row['overhead_pct']:.1f}%), NFE {nfe}, "
             f"{row['tokens_per_s']:.0f} tok/s, {row['syncs_per_step']:.2f} reads/step")
     return row
 
 
-def _uniform_config(model, steps: int, canvas: int):
+def uniform_config(model, steps: int, canvas: int):
+    """transformers' rule on one canvas at `steps` denoising steps, adaptive stopping off: every step runs,
+    in both engines."""
     gc = copy.deepcopy(model.generation_config)
     gc.max_new_tokens, gc.max_denoising_steps = canvas, steps
-    gc.confidence_threshold = None  # adaptive stopping off: every step runs, in both engines
+    gc.confidence_threshold = None
     return gc
 
 
-def _uniform(ctx: ReportContext, s: dict) -> dict:
-    model, note = _build(ctx, "diffusiongemma-26b-a4b")
-    info = model.replica_info
-    C, V = int(model.config.canvas_length), int(model.config.text_config.vocab_size)
-    gc = _uniform_config(model, s["denoising_steps"], C)
-    rows, notes = [], [] if note is None else [note]
-    _over_batches(ctx, s["uniform_batches"], lambda batch: [_uniform_row(ctx, model, gc, batch, s, C, V)], rows, notes)
-    del model
-    _release(ctx, collect=True)
-    return {"model": "diffusiongemma-26b-a4b", "layers": info.layers, "full_layers": info.full_layers,
-            "canvas": C, "vocab": V, "denoising_steps": s["denoising_steps"], "prompt": s["prompt"],
-            "rows": rows, "notes": notes}
-
-
-def _uniform_row(ctx, model, gc, batch, s, C, V) -> dict:
+def uniform_row(ctx: ReportContext, model, gc, ids, reps: int, C: int, V: int) -> dict:
+    """`dlm.generate` on the DiffusionGemma replica, measured (see the module docstring)."""
     import dlm
     from dlm.engine.uniform.canvas_model import DiffusionGemmaCanvasModel
-
-    gen = torch.Generator(device="cpu").manual_seed(batch)
-    ids = torch.randint(3, V, (batch, s["prompt"]), generator=gen).to(ctx.device)
 
     def ours():
         torch.manual_seed(0)
         return dlm.generate(model, ids, generation_config=gc)
 
-    def theirs():
-        torch.manual_seed(0)
-        return model.generate(ids, generation_config=gc)
-
-    decoder, encoder = model.model.decoder, model.model.encoder
-    clock = ModelClock(ctx, modules=[decoder, encoder, model.lm_head],
+    clock = ModelClock(ctx, modules=[model.model.decoder, model.model.encoder, model.lm_head],
                        methods=[(DiffusionGemmaCanvasModel, "soft_embeddings")])
     ours()
-    t = _timed_runs(ctx, clock, ours, s["reps"])
+    t = _timed_runs(ctx, clock, ours, reps)
     out = t.pop("out")
-    steps = out.nfe
+    batch, steps = ids.shape[0], out.nfe
     logits_bytes = C * V * 4
     peak = peak_extra_bytes(ctx, ours)
     row = {"batch": batch, "nfe": steps, **t, "step_ms": t["ms"] / steps, "model_ms_per_step": t["model_ms"] / steps,
@@ -231,19 +215,105 @@ def _uniform_row(ctx, model, gc, batch, s, C, V) -> dict:
            "peak_extra_bytes": peak, "peak_per_request_bytes": None if peak is None else peak / batch,
            "logits_bytes_per_request": logits_bytes,
            "transient_beyond_logits_per_request_bytes": None if peak is None else peak / batch - logits_bytes}
-    if batch <= s["transformers_max_batch"] and ctx.time_left() > 0:
-        theirs()
-        ref = time_call(ctx, theirs, reps=max(1, s["reps"] - 1), warmup=0)
-        reference = theirs()
-        row.update(transformers_ms=ref["ms"], transformers_range_ms=[ref["min_ms"], ref["max_ms"]],
-                   transformers_tokens_per_s=batch * C / (ref["ms"] * 1e-3), speedup_vs_transformers=ref["ms"] / t["ms"],
-                   identical_tokens=bool(torch.equal(reference.sequences, out.sequences)),
-                   transformers_peak_extra_bytes=peak_extra_bytes(ctx, theirs))
     ctx.log(f"engine: dgemma batch {batch}: {row['step_ms']:.2f} ms/step (model {row['model_ms_per_step']:.2f}, "
-            f"sampler {row['sampler_pct']:.1f}%), {row['tokens_per_s']:.0f} tok/s, "
-            f"x{row.get('speedup_vs_transformers', float('nan')):.2f} vs transformers, "
-            f"identical {row.get('identical_tokens')}")
+            f"sampler {row['sampler_pct']:.1f}%), {row['tokens_per_s']:.0f} tok/s")
     return row
+
+
+def transformers_row(ctx: ReportContext, model, gc, ids, reps: int, C: int, ours_ms: float) -> dict:
+    """transformers' `generate` on the same replica and seed: time, tokens/s, speed-up of ours, peak."""
+    def theirs():
+        torch.manual_seed(0)
+        return model.generate(ids, generation_config=gc)
+    theirs()
+    ref = time_call(ctx, theirs, reps=max(1, reps - 1), warmup=0)
+    batch = ids.shape[0]
+    row = {"transformers_ms": ref["ms"], "transformers_range_ms": [ref["min_ms"], ref["max_ms"]],
+           "transformers_tokens_per_s": batch * C / (ref["ms"] * 1e-3), "speedup_vs_transformers": ref["ms"] / ours_ms,
+           "transformers_peak_extra_bytes": peak_extra_bytes(ctx, theirs)}
+    ctx.log(f"engine: dgemma batch {batch}: transformers {row['transformers_tokens_per_s']:.0f} tok/s, "
+            f"ours x{row['speedup_vs_transformers']:.2f}")
+    return row
+
+
+def _drafts_streamer():
+    """A transformers streamer that keeps the argmax canvas after every denoising step (`put_draft`)."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Drafts(BaseStreamer):
+        def __init__(self):
+            self.steps: list[torch.Tensor] = []
+
+        def put(self, value):
+            pass
+
+        def put_draft(self, value=None, **kwargs):
+            self.steps.append(value)
+
+        def end(self):
+            pass
+    return Drafts()
+
+
+def agreement(a_sequences, b_sequences, a_steps: list, b_steps: list, prompt: int) -> dict:
+    """How far two runs agree: `equal_fraction` of the generated tokens (`[B, N]` after `prompt`, compared
+    over the shorter length) and `first_differing_step`, the first step whose argmax canvas (`[B, C]` per
+    step, in order) differs in any row (None: every compared step equal; steps past the shorter list are not
+    compared, `steps_compared` says how many were)."""
+    a, b = a_sequences[:, prompt:].cpu(), b_sequences[:, prompt:].cpu()
+    n = min(a.shape[1], b.shape[1])
+    equal = int((a[:, :n] == b[:, :n]).sum()) / (a.shape[0] * n) if n else 1.0
+    if a.shape[1] != b.shape[1]:
+        equal *= n / max(a.shape[1], b.shape[1])
+    first = None
+    for i, (x, y) in enumerate(zip(a_steps, b_steps)):
+        if not torch.equal(x.cpu(), y.cpu()):
+            first = i
+            break
+    return {"equal_fraction": equal, "first_differing_step": first, "steps_compared": min(len(a_steps), len(b_steps))}
+
+
+def _our_steps(out, batch: int, canvas: int) -> list[torch.Tensor]:
+    """The argmax canvas `[B, C]` after each denoising step of one canvas, from `return_trace=True`."""
+    steps, current = [], None
+    for record in out.trace:
+        if current is None:
+            current = torch.zeros((batch, canvas), dtype=torch.long)
+        current = current.clone()
+        current[record.rows.cpu()] = record.tokens.cpu()
+        steps.append(current)
+    return steps
+
+
+def identity(ctx: ReportContext, model, gc, ids) -> dict:
+    """ours vs transformers, transformers vs itself and ours vs ours, from the same seed (`agreement`)."""
+    import dlm
+
+    prompt = ids.shape[1]
+
+    def ours():
+        torch.manual_seed(0)
+        out = dlm.generate(model, ids, generation_config=gc, return_trace=True)
+        return out.sequences, _our_steps(out, ids.shape[0], gc.max_new_tokens)
+
+    def theirs():
+        streamer = _drafts_streamer()
+        torch.manual_seed(0)
+        sequences = model.generate(ids, generation_config=gc, streamer=streamer)
+        sequences = getattr(sequences, "sequences", sequences)
+        return sequences, streamer.steps
+
+    (a, a_steps), (b, b_steps) = ours(), theirs()
+    (a2, a2_steps), (b2, b2_steps) = ours(), theirs()
+    res = {"ours_vs_transformers": agreement(a, b, a_steps, b_steps, prompt),
+           "transformers_vs_transformers": agreement(b, b2, b_steps, b2_steps, prompt),
+           "ours_vs_ours": agreement(a, a2, a_steps, a2_steps, prompt)}
+    o = res["ours_vs_transformers"]
+    res["identical"] = o["equal_fraction"] == 1.0 and o["first_differing_step"] is None
+    ctx.log(f"engine: dgemma batch {ids.shape[0]} identity: {o['equal_fraction']:.4f} of tokens equal, first "
+            f"differing step {o['first_differing_step']}; transformers vs itself "
+            f"{res['transformers_vs_transformers']['equal_fraction']:.4f}")
+    return res
 
 
 class _IdsTokenizer:
@@ -260,7 +330,8 @@ class _IdsTokenizer:
         return ""
 
 
-def _llada2_vs_diffusers(ctx: ReportContext, s: dict) -> dict:
+def llada2_vs_diffusers(ctx: ReportContext) -> dict:
+    """`dlm.generate` beside diffusers' `LLaDA2Pipeline` on the LLaDA2.0-mini replica, same budget."""
     try:
         import diffusers  # noqa: F401
     except ImportError:
@@ -268,10 +339,10 @@ def _llada2_vs_diffusers(ctx: ReportContext, s: dict) -> dict:
     import dlm
     from dlm.bench.diffusers_llada2 import build_pipeline, run_llada2
 
+    s = sizes(ctx)
     model, note = _build(ctx, "llada2-mini")
     cfg = model.config
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    ids = torch.randint(0, cfg.mask_token_id, (1, s["prompt"]), generator=gen).to(ctx.device)
+    ids = random_prompt(ctx, 1, s["prompt"], cfg.mask_token_id, seed=0)
     kw = dict(gen_length=s["gen"], block_length=s["block"], steps=s["steps"])
     pipe, wrapper = build_pipeline(model, _IdsTokenizer(cfg))
 
@@ -282,9 +353,9 @@ def _llada2_vs_diffusers(ctx: ReportContext, s: dict) -> dict:
         return run_llada2(pipe, wrapper, ids, None, mask_token_id=cfg.mask_token_id, eos_token_id=cfg.eos_token_id,
                           options={"eos_early_stop": False}, **kw)
     ours(), theirs()
-    a = time_call(ctx, ours, reps=s["reps"], warmup=0)
-    b = time_call(ctx, theirs, reps=s["reps"], warmup=0)
-    mine, ref = ours(), theirs()
+    a = time_call(ctx, ours, reps=s["reps"], warmup=0, keep_output=True)
+    b = time_call(ctx, theirs, reps=s["reps"], warmup=0, keep_output=True)
+    mine, ref = a.pop("out"), b.pop("out")
     n = min(mine.sequences.shape[1], ref.sequences.shape[1])
     out = {"model": "llada2-mini", "layers": model.replica_info.layers, "budget": kw, "ours_ms": a["ms"],
            "ours_range_ms": [a["min_ms"], a["max_ms"]], "diffusers_ms": b["ms"], "diffusers_range_ms": [b["min_ms"], b["max_ms"]],
@@ -296,93 +367,31 @@ def _llada2_vs_diffusers(ctx: ReportContext, s: dict) -> dict:
     return out
 
 
-def _guarded(ctx: ReportContext, fn, s) -> dict:
-    try:
-        return fn(ctx, s)
-    except Exception as error:  # noqa: BLE001 - one GPU window: record and go on
-        if ctx.smoke:
-            raise
-        import traceback
-
-        return {"error": f"{type(error).__name__}: {error}"[:500], "traceback": traceback.format_exc()[-2000:]}
-
-
-def run(ctx: ReportContext) -> dict:
-    s = SMOKE if ctx.smoke else FULL
-    out = {"masked": _guarded(ctx, _masked, s), "uniform": _guarded(ctx, _uniform, s)}
-    out["llada2_vs_diffusers"] = (_guarded(ctx, _llada2_vs_diffusers, s) if ctx.time_left() > 0
-                                  else {"skipped": "deadline"})
-    out["targets"] = targets(out)
-    return out
-
-
-def _target(text: str, value, met) -> dict:
-    return {"target": text, "value": value, "met": met}
-
-
-def targets(out: dict) -> dict:
-    """Issue 40's engine targets from this section's rows (None: not measured in this run)."""
-    masked = {(r["batch"], r["compile"]): r for r in out.get("masked", {}).get("rows", [])}
-    uniform = {r["batch"]: r for r in out.get("uniform", {}).get("rows", [])}
-    m1, u1, u8 = masked.get((1, False)), uniform.get(1), uniform.get(8)
-    t = {}
-    t["llada_overhead"] = _target("LLaDA-8B batch 1: engine overhead <= 5% of the step",
-                                  m1 and m1["overhead_pct"], m1 and m1["overhead_pct"] <= 5)
-    t["llada_tokens_per_s"] = _target(f"LLaDA-8B batch 1 tokens/s beside Fast-dLLM's {FAST_DLLM_TOKENS_PER_S} (A100)",
-                                      m1 and m1["tokens_per_s"], None)
-    t["dgemma_sampler_share"] = _target("DiffusionGemma batch 1: sampler + statistics <= 3% of the step",
-                                        u1 and u1["sampler_pct"], u1 and u1["sampler_pct"] <= 3)
-    transient = u1 and u1["transient_beyond_logits_per_request_bytes"]
-    t["dgemma_transient"] = _target("DiffusionGemma: sampler transient <= 0.6 GB per request",
-                                    transient and transient / 1e9, transient is not None and transient <= 0.6e9)
-    growth = u1 and u8 and u8["tokens_per_s"] / u1["tokens_per_s"]
-    t["dgemma_batch_growth"] = _target("DiffusionGemma: batch 8 runs and tokens/s grows >= 4x from batch 1",
-                                       growth, None if growth is None else growth >= 4)
-    speed = u8 and u8.get("speedup_vs_transformers")
-    same = u8 and u8.get("identical_tokens")
-    t["dgemma_vs_transformers"] = _target("DiffusionGemma batch 8: >= 1.5x faster than transformers' generate, "
-                                          "identical tokens", speed, None if speed is None else speed >= 1.5 and bool(same))
+def target(text: str, value, met, note: str | None = None) -> dict:
+    t = {"target": text, "value": value, "met": met}
+    if note:
+        t["note"] = note
     return t
 
 
-def markdown(result: dict) -> str:
-    lines = []
-    m = result.get("masked", {})
-    if "rows" in m:
-        lines += [f"LLaDA-8B replica ({m['layers']}/{m['full_layers']} layers), prompt {m['prompt']}, "
-                  f"{m['budget']['gen_length']} tokens in {m['budget']['steps']} steps, blocks of "
-                  f"{m['budget']['block_length']}, prefix cache:", "",
-                  "| batch | compile | ms/step [range of runs] | forward ms/step | overhead | tokens/s | reads/step | peak extra GB |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in m["rows"]:
-            peak = "n/a" if r["peak_extra_bytes"] is None else f"{r['peak_extra_bytes'] / 1e9:.2f}"
-            lines.append(f"| {r['batch']} | {r['compile']} | {r['step_ms']:.2f} [{r['min_ms'] / r['nfe']:.2f}-"
-                         f"{r['max_ms'] / r['nfe']:.2f}] | {r['forward_ms_per_step']:.2f} | {r['overhead_pct']:.1f}% | "
-                         f"{r['tokens_per_s']:.0f} | {r['syncs_per_step']:.2f} | {peak} |")
-        lines.append("")
-    elif m:
-        lines += [f"LLaDA-8B engine: {m.get('error') or m}", ""]
-    u = result.get("uniform", {})
-    if "rows" in u:
-        lines += [f"DiffusionGemma replica ({u['layers']}/{u['full_layers']} layers), prompt {u['prompt']}, one canvas of "
-                  f"{u['canvas']} at {u['denoising_steps']} steps:", "",
-                  "| batch | ms/step | model ms/step | sampler share | tokens/s | transformers tokens/s | speed-up | identical | reads/step | peak GB/request | logits GB/request |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in u["rows"]:
-            tf = r.get("transformers_tokens_per_s")
-            peak = r["peak_per_request_bytes"]
-            lines.append(f"| {r['batch']} | {r['step_ms']:.2f} | {r['model_ms_per_step']:.2f} | {r['sampler_pct']:.1f}% | "
-                         f"{r['tokens_per_s']:.0f} | {'-' if tf is None else f'{tf:.0f}'} | "
-                         f"{'-' if tf is None else '%.2fx' % r['speedup_vs_transformers']} | {r.get('identical_tokens', '-')} | "
-                         f"{r['syncs_per_step']:.2f} | {'n/a' if peak is None else f'{peak / 1e9:.2f}'} | "
-                         f"{r['logits_bytes_per_request'] / 1e9:.2f} |")
-        lines.append("")
-    elif u:
-        lines += [f"DiffusionGemma engine: {u.get('error') or u}", ""]
-    d = result.get("llada2_vs_diffusers", {})
-    if "speedup" in d:
-        lines.append(f"LLaDA2.0-mini replica: dlm {d['ours_ms']:.0f} ms vs diffusers' LLaDA2Pipeline {d['diffusers_ms']:.0f} ms "
-                     f"(x{d['speedup']:.2f}; NFE {d['ours_nfe']} vs {d['diffusers_nfe']}; identical tokens {d['identical_tokens']})")
-    elif d:
-        lines.append(f"LLaDA2.0-mini vs diffusers: {d.get('skipped') or d.get('error')}")
-    return "\n".join(lines)
+def masked_markdown_rows(rows: list[dict]) -> list[str]:
+    lines = ["| batch | sampler | compile | NFE | ms/step [range of runs] | forward ms/step | overhead | tokens/s | "
+             "reads/step | peak extra GB | first call s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        peak = "n/a" if r["peak_extra_bytes"] is None else f"{r['peak_extra_bytes'] / 1e9:.2f}"
+        lines.append(f"| {r['batch']} | {r['sampler']} | {r['compile']} | {r['nfe']} | {r['step_ms']:.2f} "
+                     f"[{r['min_ms'] / r['nfe']:.2f}-{r['max_ms'] / r['nfe']:.2f}] | {r['forward_ms_per_step']:.2f} | "
+                     f"{r['overhead_pct']:.1f}% | {r['tokens_per_s']:.0f} | {r['syncs_per_step']:.2f} | {peak} | "
+                     f"{r['first_call_s']:.1f} |")
+    return lines
+
+
+def part_line(name: str, part) -> str | None:
+    """One line for a part that did not give rows: skipped or failed."""
+    if not isinstance(part, dict):
+        return None
+    if "error" in part:
+        return f"- {name}: **failed**: `{part['error']}`"
+    if set(part) == {"skipped"}:
+        return f"- {name}: skipped: {part['skipped']}"
+    return None

@@ -21,7 +21,8 @@ under uniform routing, cached K/V) and the floor `bytes / copy bandwidth`, with 
 (100% = at the floor); the all-experts upper bound for the MoE models; the compute floor `FLOPs / matmul
 rate` and the roofline floor (the larger one: batched full forwards are compute-bound, e.g. LLaDA-8B's
 288-token forward is 4.4 TFLOP, 6 ms at 700 TFLOP/s, above its 5 ms streaming floor); and the peak memory
-above the weights while the forward runs. The rates are the machine section's `ctx.facts["copy_gbps"]` and
+above the weights while the forward runs; at batch 1 also the host's enqueue time of the forward (near the
+measured time: host-bound). The rates are the machine section's `ctx.facts["copy_gbps"]` and
 `ctx.facts["matmul_tflops"]`, or measured here when that section did not run (device-to-device copy, read +
 write bytes over time; a square matmul in the run's dtype).
 
@@ -38,13 +39,14 @@ import traceback
 
 import torch
 
-from dlm.bench.gpu import ReportContext, peak_extra_bytes, time_call
+from dlm.bench.gpu import ReportContext, enqueue_ms, peak_extra_bytes, time_call
 
 BATCHES = (1, 4, 16)
 PROMPT, BLOCK, CANVAS = 256, 32, 256
 SMOKE = {"batches": (1, 2), "prompt": 32, "block": 8, "layers": 2, "reps": 2, "warmup": 1}
 # A replica is not started with less than this left before the report's deadline.
 MIN_SECONDS_PER_REPLICA = 20.0
+MIN_START_S = MIN_SECONDS_PER_REPLICA
 
 
 def measure_copy_gbps(ctx: ReportContext, megabytes: int | None = None) -> float:
@@ -192,6 +194,10 @@ def _replica_rows(ctx: ReportContext, name: str, model, rates: dict) -> tuple[li
             for mode, (call, n_rows, query, cached) in calls.items():
                 rows.append({"batch": batch, "mode": mode,
                              **_measure(ctx, model, call, n_rows, query, cached, rates)})
+                if batch == 1:
+                    # the floor rows: how long the host takes to queue the forward (near the measured time:
+                    # host-bound); the CUDA-graph replay of the same forward is in `extras`
+                    rows[-1]["enqueue_ms"] = enqueue_ms(ctx, call, SMOKE["reps"] if ctx.smoke else 10)
             del calls
         except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
             if not _is_oom(error):
@@ -275,8 +281,8 @@ def markdown(result: dict) -> str:
              "expected under uniform routing; all experts in brackets); compute = FLOPs / matmul rate; "
              "% = floor / measured time.", "",
              "| replica | layers | batch | forward | ms (min-max) | streaming floor ms | % of it | compute floor ms "
-             "| bound | % of roofline | GB read | peak extra GB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| bound | % of roofline | GB read | peak extra GB | host enqueue ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for rep in result["replicas"]:
         for row in rep.get("rows", []):
             mode = {"full": f"full {row['tokens']} tok", "prefix": f"{row['tokens']} tok + cache {row['cached']}",
@@ -289,8 +295,9 @@ def markdown(result: dict) -> str:
                 f"| {rep['name']} | {rep['layers']}/{rep['full_layers']} | {row['batch']} | {mode} | "
                 f"{row['ms']:.2f} ({row['min_ms']:.2f}-{row['max_ms']:.2f}) | {streaming} | {row['pct_of_floor']:.0f}% | "
                 f"{row['compute_floor_ms']:.2f} | {row['bound']} | {row['pct_of_roofline']:.0f}% | "
-                f"{row['bytes'] / 1e9:.2f} | {'n/a' if peak is None else f'{peak / 1e9:.2f}'} |")
+                f"{row['bytes'] / 1e9:.2f} | {'n/a' if peak is None else f'{peak / 1e9:.2f}'} | "
+                f"{'-' if 'enqueue_ms' not in row else format(row['enqueue_ms'], '.2f')} |")
         for note in ([rep["note"]] if rep.get("note") else []) + rep.get("skipped", []) + (
                 [f"error: {rep['error']}"] if rep.get("error") else []):
-            lines.append(f"| {rep['name']} | | | {note} | | | | | | | | |")
+            lines.append(f"| {rep['name']} | | | {note} | | | | | | | | | |")
     return "\n".join(lines)
