@@ -54,7 +54,10 @@ class DLMEvalLM(LM):
         try:
             self._device = torch.device(device)
         except RuntimeError:
-            raise ValueError(f"model_args: device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+            raise ValueError(f"device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+        if self._device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: this torch ({torch.__version__}) sees no CUDA device; pass "
+                             "--device cpu (or device=cpu in model_args)")
         if isinstance(pretrained, str):
             import dlm
 

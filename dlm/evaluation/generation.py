@@ -4,10 +4,12 @@ Batching never changes an output (the harness's users ask why their scores move 
 - at temperature 0 with a sampler that draws nothing, a request's tokens do not depend on the other
   rows of its batch: left padding is hidden by the attention mask and skipped by the positions;
 - a setting that draws random numbers (temperature > 0, random-order samplers, DiffusionGemma's
-  noise) would give each row draws that depend on its place in the batch. The first batched call
-  tells: when it consumed random numbers (the generator's or torch's global state moved), that call
-  is thrown away and every request is decoded alone, from a generator seeded by the run's seed and
-  the request's own tokens (`request_seed`), so that batch size and request order change nothing.
+  noise) would give each row draws that depend on its place in the batch. Each batched call tells:
+  when it consumed random numbers (the generator's or torch's global state moved), that call is
+  thrown away and from then on every request is decoded alone, from a generator seeded by the run's
+  seed and the request's own tokens (`request_seed`), so that batch size and request order change
+  nothing. A request decoded alone (batch_size 1) uses the same seed.
+The first call of a run is repeated untimed (warm-up), so first-call costs stay out of the timings.
 Stop sequences are applied per request (Fast-dLLM's batched version applied the last request's to the
 whole batch, ALGORITHMS 5.3c), on the text decoded with special tokens kept and cut at the first EOS;
 special tokens are removed after the cut, so a stop sequence may itself be a special token.
@@ -85,7 +87,8 @@ class BatchedGenerator:
     def __init__(self, loaded, args, device: torch.device):
         self.loaded, self.args, self.device = loaded, args, torch.device(device)
         self.calls = 0
-        self.stochastic: bool | None = None  # learnt from the first batched call
+        self.stochastic = False  # set when a batched call drew random numbers
+        self.warmed = False
         self.specials = special_strings(loaded.tokenizer)
 
     # ------------------------------------------------------------------ one call
@@ -140,19 +143,24 @@ class BatchedGenerator:
         texts: list[str | None] = [None] * len(requests)
         counts: list[RequestCount | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc="dlm generate_until", unit="req", disable=not progress, file=sys.stderr)
+        if not self.warmed:  # first-call allocations and lazy imports stay out of the timings
+            self._call([requests[0]], seeds[0])
+            self.calls -= 1
+            self.warmed = True
         for batch in self._batches(requests):
-            if len(batch) > 1 and self.stochastic is not False:
+            if len(batch) > 1 and not self.stochastic:
                 out, per_row, seconds, drew = self._call([requests[i] for i in batch], seeds[batch[0]])
-                if self.stochastic is None:
-                    self.stochastic = drew
-                    if drew:
-                        log.warning("dlm: this setting draws random numbers (temperature > 0, a random-order sampler "
-                                    "or DiffusionGemma's noise): requests are decoded one at a time, each from its "
-                                    "own seed, so that batch_size changes no output")
                 if not drew:
                     self._record(requests, batch, out, per_row, seconds, texts, counts)
                     bar.update(len(batch))
                     continue
+                # its rows' draws depended on their places in the batch: thrown away, and from now on
+                # every request is decoded alone (the batches before drew nothing, so they stand)
+                self.calls -= 1
+                self.stochastic = True
+                log.warning("dlm: this setting draws random numbers (temperature > 0, a random-order sampler or "
+                            "DiffusionGemma's noise): requests are decoded one at a time, each from its own seed, "
+                            "so that batch_size changes no output")
             for i in batch:  # alone, from the request's own seed
                 out, per_row, seconds, _ = self._call([requests[i]], seeds[i])
                 self._record(requests, [i], out, per_row, seconds, texts, counts)

@@ -83,6 +83,7 @@ def _positions(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     return (attention_mask.cumsum(dim=1) - 1).clamp_min(0)
 
 
+@torch.no_grad()
 def estimate_loglikelihoods(
     model: Callable,
     requests: Sequence[tuple[Sequence[int], Sequence[int]]],
