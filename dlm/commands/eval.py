@@ -56,6 +56,30 @@ def _given(argv: list[str], *names: str) -> bool:
     return any(a in names or any(a.startswith(n + "=") for n in names) for a in argv)
 
 
+def check_model_args(argv: list[str]) -> None:
+    """Validate a run's `--model_args` for `dlm` before the harness indexes its thousands of tasks (seconds):
+    parsed by the harness's own parser, checked by `EvalArgs` (ValueError naming the argument)."""
+    if not argv or argv[0] != "run" or any(a in ("-h", "--help") for a in argv):
+        return
+    try:
+        from lm_eval._cli.harness import HarnessCLI
+
+        namespace = HarnessCLI()._parser.parse_args(argv)
+    except (SystemExit, AttributeError, ImportError):  # a usage error the harness will report itself
+        return
+    if getattr(namespace, "model", None) != "dlm":
+        return
+    from lm_eval.utils import simple_parse_args_string
+
+    from dlm.evaluation.args import EvalArgs
+
+    model_args = namespace.model_args or {}
+    if isinstance(model_args, str):
+        model_args = simple_parse_args_string(model_args)
+    extra = {"batch_size": namespace.batch_size} if getattr(namespace, "batch_size", None) is not None else {}
+    EvalArgs.from_model_args({**model_args, **extra})
+
+
 def _output_path(argv: list[str]) -> str | None:
     for i, a in enumerate(argv):
         if a in ("--output_path", "-o") and i + 1 < len(argv):
@@ -74,6 +98,7 @@ def run(args) -> int:
     except ImportError as err:
         raise UsageError(f"dlm eval needs lm-evaluation-harness ({err}); install it with: pip install -e \".[eval]\"") from None
     argv = harness_argv(args.harness_args)
+    check_model_args(argv)
     if any(a in ("-h", "--help") for a in argv):
         print("dlm eval: lm-evaluation-harness with the model `dlm` registered (defaults: --model dlm, --include_path "
               "the built-in model's tasks). model_args: docs/eval.md. The harness's options:\n")

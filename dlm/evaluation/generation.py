@@ -125,8 +125,11 @@ class BatchedGenerator:
             if cuda:
                 torch.cuda.synchronize(self.device)
             start = time.perf_counter()
-            out = dlm.generate(self.loaded.model, ids, attention_mask=mask, generator=generator, callback=count,
-                               **self._generate_kwargs(requests[0].gen_length))
+            # transformers' own DiffusionGemma rule (no sampler) takes no generator: it draws from torch's
+            kw = self._generate_kwargs(requests[0].gen_length)
+            if self.loaded.family == "masked" or self.args.sampler is not None:
+                kw["generator"] = generator
+            out = dlm.generate(self.loaded.model, ids, attention_mask=mask, callback=count, **kw)
             if cuda:
                 torch.cuda.synchronize(self.device)
             seconds = time.perf_counter() - start
