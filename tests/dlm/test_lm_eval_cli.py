@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from dlm.cli import main  # noqa: E402
 from dlm.commands.eval import harness_argv  # noqa: E402
 from dlm.evaluation import TASKS_DIR  # noqa: E402
-from tests.script_loader import load_script  # noqa: E402
+from script_loader import load_script  # noqa: E402  (tests/ is on sys.path)
 
 
 def test_dlm_eval_runs_a_task_and_logs_counts_beside_the_samples(tmp_path, capsys):
