@@ -119,15 +119,16 @@ def run_table(args) -> dict:
 def markdown(table: dict) -> str:
     lines = [f"Model `{table['model']}`, blocks of {table['block_length']}, limit {table['limit']}, seed {table['seed']}. "
              f"Made by:", "", "```bash", table["command"], "```", "",
-             "|task|gen|run|accuracy|tokens/s|TPF|forwards/request|speed-up|",
-             "|---|--:|---|--:|--:|--:|--:|--:|"]
+             "|task|gen|run|accuracy|tokens/s|TPF|forwards/request|speed-up|TPF ratio|",
+             "|---|--:|---|--:|--:|--:|--:|--:|--:|"]
     for r in table["rows"]:
         speed = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+        ratio = f"{r['tpf_ratio']:.2f}x" if r["tpf_ratio"] is not None else "-"
         lines.append(f"|{r['task']}|{r['gen_length']}|`{r['run']}`|{r['accuracy']:.1f}|{r['tokens_per_s']:.1f}|"
-                     f"{r['tpf']:.2f}|{r['forwards_per_request']:.1f}|{speed}|")
+                     f"{r['tpf']:.2f}|{r['forwards_per_request']:.1f}|{speed}|{ratio}|")
     lines += ["", "accuracy: the harness's metric in percent (`metric` in table.json); tokens/s: generated tokens "
-              "before EOS over the wall time of the decoding calls; TPF: generated tokens per forward; speed-up: "
-              "tokens/s against the first run on the same task and length."]
+              "before EOS over the wall time of the decoding calls; TPF: generated tokens per forward; speed-up and "
+              "TPF ratio: tokens/s and TPF against the first run on the same task and length."]
     return "\n".join(lines) + "\n"
 
 
