@@ -195,7 +195,7 @@ class DLMEvalLM(LM):
 
     def _likelihood_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Prefix and target ids (ALGORITHMS 5.3a): the context's trailing whitespace moves into the
-        continuation; target = ids(context + continuation) after ids(context). The built-in models
+        continuation; target = ids(context + continuation) after len(ids(context)). The built-in models
         take the context in their prompt format and the continuation as their response."""
         if not continuation:
             raise ValueError("loglikelihood: an empty continuation has nothing to score")
@@ -211,10 +211,9 @@ class DLMEvalLM(LM):
             start = getattr(tok, "bos_token_id", None)
             start = start if start is not None else self.loaded.eos_token_id
             prefix, whole = [start], [start] + whole
-        if whole[:len(prefix)] != prefix:
-            raise ValueError("loglikelihood: the context's tokens change when the continuation is appended "
-                             f"(context {context[-30:]!r}); the split between them is ambiguous for this tokenizer")
-        return prefix, whole[len(prefix):]
+        # as the harness's HF model and LLaDA's evaluation: both parts cut from the joint encoding, so a
+        # token that merges across the boundary goes to the context
+        return whole[:len(prefix)], whole[len(prefix):]
 
     def _is_greedy(self, prefix: list[int], target: list[int]) -> bool:
         """LLaDA's check: decode len(target) tokens one per step (low-confidence remasking) at temperature 0."""
