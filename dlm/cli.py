@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "dlm.commands.bench",
     "dlm.commands.image",
     "dlm.commands.train_joint",
+    "dlm.commands.eval",
 ]
 
 
