@@ -184,13 +184,16 @@ class DLMAdapter:
         states = getattr(out, "hidden_states", None)
         return out.logits, (states[-1] if states else None)
 
-    def window(self, x, cache, start: int, end: int, attention_mask, position_ids):
-        """Forward only `x[:, start:end]` against a full-length cache. Raw logits `[B, end-start, V]`."""
+    def window(self, x, cache, start: int, end: int, attention_mask, position_ids, *, use_cache: bool = False):
+        """Forward only `x[:, start:end]` against a full-length cache. Raw logits `[B, end-start, V]`;
+        with `use_cache`, also the full-length cache whose slots `start:end` hold the window's K/V."""
         kw = {"past_key_values": cache, "cache_window": (start, end)}
+        if use_cache:
+            kw["use_cache"] = True
         if position_ids is not None:
             kw["position_ids"] = position_ids[:, start:end]
-        logits, _ = self._call(x[:, start:end], attention_mask, **kw)
-        return logits
+        logits, new_cache = self._call(x[:, start:end], attention_mask, **kw)
+        return (logits, new_cache) if use_cache else logits
 
     def extend(self, x, cache, start: int, attention_mask, position_ids):
         """Forward `x[:, start:]` against `cache` and return its raw logits `[B, L-start, V]` with

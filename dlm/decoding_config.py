@@ -15,13 +15,18 @@ from typing import Any
 
 import torch
 
-KV_CACHE_MODES = ("none", "prefix", "dual", "prompt", "auto")
+KV_CACHE_MODES = ("none", "prefix", "dual", "prompt", "elastic", "auto")
 
 # The defaults a call resolves when an option is None, in one place (every entry point reads these).
 # Masked models: 64 new tokens; `threshold`, the fastest setting within 1 point of one token per step
 # on the built-in model's held-out suites (docs/dlm.md, "Defaults"), with kv_cache="auto".
 DEFAULT_GEN_LENGTH = 64
 DEFAULT_MASKED_SAMPLER = "threshold"
+# The elastic cache's drift test (`dlm.engine.masked.elastic`): refresh when a layer's key or value cosine
+# similarity on the probes falls below 0.999 (the paper's 0.9 is a similarity of attention weights; on K/V
+# 0.9 never fires: docs/benchmarks.md, "Elastic cache"), 4 probe positions per step.
+DEFAULT_DRIFT_THRESHOLD = 0.999
+DEFAULT_DRIFT_PROBE = 4
 
 
 def _positive_int_or_none(name: str, value: Any) -> None:
@@ -54,6 +59,8 @@ class DecodingConfig:
     cfg_scale: float = 0.0
     cache_across_blocks: bool = False
     cut_trailing_masks: bool = False
+    cache_drift_threshold: float = DEFAULT_DRIFT_THRESHOLD
+    cache_drift_probe: int = DEFAULT_DRIFT_PROBE
     eos_early_stop: bool | None = None
     shift_logits: bool | None = None
     generation_config: Any = None
@@ -84,8 +91,9 @@ class DecodingConfig:
                              f"got {self.cache_refresh_every!r}")
         if self.cache_across_blocks and self.kv_cache in ("none", "auto"):
             raise ValueError("cache_across_blocks=True needs a KV cache: pass kv_cache='prefix' or 'dual'")
-        if self.cache_across_blocks and self.kv_cache == "prompt":
-            raise ValueError("kv_cache='prompt' already keeps its cache across blocks; drop cache_across_blocks")
+        if self.cache_across_blocks and self.kv_cache in ("prompt", "elastic"):
+            raise ValueError(f"kv_cache={self.kv_cache!r} already keeps its cache across blocks; drop cache_across_blocks")
+        self._validate_drift()
         if self.sampler_config is not None and not isinstance(self.sampler_config, dict):
             raise ValueError(f"sampler_config must be a dict of sampler options, got {type(self.sampler_config).__name__}")
         if self.generator is not None and not isinstance(self.generator, torch.Generator):
@@ -97,6 +105,19 @@ class DecodingConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name} must be a token id (an integer >= 0), got {value!r}")
+
+    def _validate_drift(self) -> None:
+        """The elastic cache's drift test (`dlm.engine.masked.elastic`): a threshold >= 0 and a probe count >= 0,
+        only with kv_cache='elastic'."""
+        t, p = self.cache_drift_threshold, self.cache_drift_probe
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"cache_drift_threshold must be a number >= 0 (the cosine similarity below which the "
+                             f"elastic cache refreshes; above 1 refreshes every step), got {t!r}")
+        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            raise ValueError(f"cache_drift_probe must be an integer >= 0 (cached positions tested per step), got {p!r}")
+        if self.kv_cache != "elastic" and (t != DEFAULT_DRIFT_THRESHOLD or p != DEFAULT_DRIFT_PROBE):
+            raise ValueError("cache_drift_threshold / cache_drift_probe apply to kv_cache='elastic' only; pass "
+                             "kv_cache='elastic' or drop them")
 
     def _validate_window(self) -> None:
         """The D2F-style block window (`dlm.engine.masked.window`): W >= 1 blocks, an opening fraction in [0, 1],
@@ -110,7 +131,7 @@ class DecodingConfig:
                              f"the last one decoded), got {at!r}")
         if w == 1 and at != 0.1:
             raise ValueError("window_open_at has no effect with window_blocks=1; pass window_blocks >= 2 or drop it")
-        if w > 1 and self.kv_cache in ("prefix", "dual"):
+        if w > 1 and self.kv_cache in ("prefix", "dual", "elastic"):
             raise ValueError(f"window_blocks > 1 decodes several blocks at once, which kv_cache={self.kv_cache!r} "
                              "(K/V around one block) cannot serve; use kv_cache='none', 'prompt' or 'auto'")
 

@@ -36,6 +36,8 @@ def generate(
     cache_refresh_every: int = 0,
     cfg_scale: float = 0.0,
     cache_across_blocks: bool = False,
+    cache_drift_threshold: float = 0.999,
+    cache_drift_probe: int = 4,
     cut_trailing_masks: bool = False,
     eos_early_stop: bool | None = None,
     shift_logits: bool | None = None,
@@ -97,7 +99,14 @@ def generate(
             `prompt_attends_response=False`), the prefix cache's approximation, confined to the
             prompt, otherwise. "auto": "prompt" where that is exact (the model declares a prompt
             blind to the response, see `DLMAdapter.prompt_ignores_response`), "none" elsewhere;
-            always the uncached engine's tokens. The default.
+            always the uncached engine's tokens. The default. "elastic" (after Elastic-Cache): the
+            cache is kept across blocks and refreshed by a full forward only when a drift test says it
+            is stale: each step recomputes the block and the `cache_drift_probe` cached positions before
+            it, and refreshes at the next step when any layer's smallest key cosine similarity on those
+            probes falls below `cache_drift_threshold` (> 1: every step, the uncached tokens); see
+            `dlm.engine.masked.elastic`.
+        cache_drift_threshold / cache_drift_probe: the elastic cache's drift test (0.999 on the
+            probes' K/V cosine similarity; 4 positions; see `dlm.decoding_config.DEFAULT_DRIFT_THRESHOLD`).
         cache_across_blocks: with a KV cache, start each block after the first by extending the
             previous block's cache instead of a full forward: only the previous block (now decoded)
             and what follows it are recomputed, the prompt's and earlier blocks' K/V are reused.
@@ -154,7 +163,8 @@ def generate(
         gen_length=gen_length, block_length=block_length, steps=steps, sampler=sampler, sampler_config=sampler_config,
         temperature=temperature, mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,
         kv_cache=kv_cache, cache_refresh_every=cache_refresh_every, cfg_scale=cfg_scale,
-        cache_across_blocks=cache_across_blocks, cut_trailing_masks=cut_trailing_masks, eos_early_stop=eos_early_stop,
+        cache_across_blocks=cache_across_blocks, cache_drift_threshold=cache_drift_threshold,
+        cache_drift_probe=cache_drift_probe, cut_trailing_masks=cut_trailing_masks, eos_early_stop=eos_early_stop,
         shift_logits=shift_logits, generation_config=generation_config, progress=progress,
         window_blocks=window_blocks, window_open_at=window_open_at, compile=compile)
     plan = plan_call(model, config)  # the family decided and the sampler built, once

@@ -6,8 +6,8 @@ import math
 import os
 from pathlib import Path
 
-# `dlm.generate.KV_CACHE_MODES`, repeated here so that building the parser does not import torch.
-KV_CACHE_CHOICES = ("none", "prefix", "dual", "prompt", "auto")
+# `dlm.decoding_config.KV_CACHE_MODES`, repeated here so that building the parser does not import torch.
+KV_CACHE_CHOICES = ("none", "prefix", "dual", "prompt", "elastic", "auto")
 
 
 def positive_int(text: str) -> int:

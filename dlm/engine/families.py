@@ -54,6 +54,8 @@ _MASKED_ONLY = {
     "cfg_scale": "LLaDA's guidance masks the prompt, which needs a mask token",
     "cache_refresh_every": "its encoder KV cache is exact and never refreshed",
     "cache_across_blocks": "the encoder cache always carries across canvases",
+    "cache_drift_threshold": "its encoder KV cache is exact and never refreshed",
+    "cache_drift_probe": "its encoder KV cache is exact and never refreshed",
     "cut_trailing_masks": "the decoder only ever sees the current canvas",
     "shift_logits": "its decoder's logits are aligned with the canvas",
     "eos_early_stop": "rows stop at EOS as transformers' generate stops them (always on when an EOS id is set)",

@@ -1,12 +1,13 @@
 """The masked loop's model call for one block: the forward that owns the block's KV cache
-(none / prefix / dual / prompt modes of Fast-dLLM, the cross-block extension), aligned logits,
-subsets of rows still in the model and lookahead branches."""
+(none / prefix / dual / prompt modes of Fast-dLLM, the cross-block extension, the elastic cache of
+`dlm.engine.masked.elastic`), aligned logits, subsets of rows still in the model and lookahead branches."""
 from __future__ import annotations
 
 import torch
 
 from dlm.adapters import DLMAdapter
 from dlm.engine.driver import same_rows
+from dlm.engine.masked.elastic import DriftTest
 from dlm.engine.masked.kv_cache import index_cache, repeat_cache_rows, slice_cache
 
 
@@ -33,7 +34,7 @@ class KVCachedForward:
 
     def __init__(self, adapter: DLMAdapter, mode: str, refresh_every: int, cfg_scale: float,
                  prompt_length: int, attention_mask, position_ids, cut: bool = False, want_hidden: bool = False,
-                 carried=None):
+                 carried=None, drift: DriftTest | None = None, refresh_due: bool = False):
         self.adapter, self.mode, self.refresh_every = adapter, mode, refresh_every
         # Feed `x[:, :end]` only: exact for a block-causal model, an opt-in approximation otherwise.
         self.cut = adapter.block_causal or cut
@@ -46,6 +47,11 @@ class KVCachedForward:
         self.want_hidden, self.hidden = want_hidden, None
         self.carried = carried  # (cache of the previous block for these rows, that block's start) or None
         self._repeated = None  # (k, cache with each row repeated k times) for lookahead calls
+        # Elastic cache (`drift`): the last call's drift test (0-d bool, read by the driver with its
+        # step's one host read) and, once read, whether the next call must refresh with a full forward.
+        # A threshold above 1 keeps every step a full forward (`DriftTest.always_refresh`).
+        self.drift, self.stale = drift, None
+        self.refresh_due = refresh_due or self._always_refresh
 
     def __call__(self, x: torch.Tensor, step: int, start: int, end: int,
                  in_model: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
@@ -55,10 +61,10 @@ class KVCachedForward:
         other rows' logits are zeros."""
         a = self.adapter
         self._adopt_prompt_cache()
-        refresh = bool(self.refresh_every) and step % self.refresh_every == 0
+        refresh = (bool(self.refresh_every) and step % self.refresh_every == 0) or self.refresh_due
         full = self.mode == "none" or refresh or (step == 0 and self.cache is None)
         x_in, mask, pos = self._inputs(x, end, in_model)
-        if full and step == 0 and self.carried is not None and self.mode != "prompt":
+        if full and step == 0 and self.carried is not None and self.mode != "prompt" and not self.refresh_due:
             raw, lo = self._extend(x_in, mask, pos)
             logits = a.align(raw, lo, start, end)
         elif full:
@@ -66,6 +72,9 @@ class KVCachedForward:
             logits = a.align(raw, 0, start, end)
             if self.hidden is not None:  # hidden-state hook: aligned like the logits
                 self.hidden = a.align(self.hidden, 0, start, end)
+        elif self.drift is not None:
+            raw, lo = self._elastic_window(x_in, start, end, mask, pos, in_model)
+            logits = a.align(raw, lo, start, end)
         else:
             lo, hi = self._window(x_in.shape[1], start, end)
             raw = a.window(x_in, self._cache_for(in_model), lo, hi, mask, pos)
@@ -81,6 +90,10 @@ class KVCachedForward:
             self.hidden = hidden
         return out, full
 
+    @property
+    def _always_refresh(self) -> bool:
+        return self.drift is not None and self.drift.always_refresh
+
     def _adopt_prompt_cache(self) -> None:
         if self.mode == "prompt" and self.carried is not None and self.cache is None:
             # the prompt's K/V came with the block: every step is a window over the response
@@ -88,11 +101,27 @@ class KVCachedForward:
 
     def _window(self, length: int, start: int, end: int) -> tuple[int, int]:
         """Positions `(lo, hi)` a cached step recomputes, for an input of `length` positions: the
-        block for "dual", the block to the end for "prefix", the whole response for "prompt"."""
+        block for "dual", the block to the end for "prefix", the whole response for "prompt", the
+        block and the probes before it for "elastic"."""
         if self.mode == "prompt":
             return self._response_start(), length
         shift = 1 if self.adapter.shift_logits else 0
+        if self.drift is not None:
+            return self.drift.probe_start(start - shift, self._response_start()), end
         return start - shift, (length if self.mode == "prefix" else end)
+
+    def _elastic_window(self, x, start: int, end: int, mask, pos, in_model) -> tuple[torch.Tensor, int]:
+        """A cached step of the elastic cache: the block and its probes recomputed against the cache,
+        the probes' keys tested for drift, the fresh K/V kept (`dlm.engine.masked.elastic`)."""
+        lo, hi = self._window(x.shape[1], start, end)
+        cached = self._cache_for(in_model)
+        raw, fresh = self.adapter.window(x, cached, lo, hi, mask, pos, use_cache=True)
+        if fresh is None:
+            raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
+        self.stale = self.drift.stale(cached, fresh, lo, start - (1 if self.adapter.shift_logits else 0))
+        self.cache, self.cache_rows, self._repeated = fresh, in_model, None
+        self.forward_tokens += x.shape[0] * (hi - lo)
+        return raw, lo
 
     def _response_start(self) -> int:
         """First position whose logits the response needs (one earlier for shifted models): where
@@ -119,9 +148,14 @@ class KVCachedForward:
         Approximation (documented in `generate`): those cached K/V were computed when the later
         positions still held masks; a full forward would recompute them with the decoded tokens."""
         cache, lo = self.carried
+        block_lo = lo
+        if self.drift is not None:  # the elastic cache also recomputes and tests its probes
+            lo = self.drift.probe_start(lo, self._response_start())
         raw, new_cache = self.adapter.extend(x, cache, lo, mask, pos)
         if new_cache is None:
             raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
+        if self.drift is not None:
+            self.stale = self.drift.stale(cache, new_cache, lo, block_lo)
         self.cache, self.cache_rows = new_cache, None
         self.forward_tokens += x.shape[0] * (x.shape[1] - lo)
         return raw, lo
@@ -181,6 +215,7 @@ class KVCachedForward:
             if self.mode == "prompt":  # only the prompt's K/V are kept: they never go stale
                 cache = slice_cache(cache, self._response_start())
             self.cache, self._repeated, self.cache_rows = cache, None, in_model
+            self.refresh_due, self.stale = self._always_refresh, None  # every position's K/V are fresh now
         return raw
 
 

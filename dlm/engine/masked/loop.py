@@ -24,6 +24,7 @@ import torch
 
 from dlm.decoding_config import DecodingConfig
 from dlm.engine.driver import Rows, Tally, decide, fill_when_spent, read_step_status, same_rows, subset_index
+from dlm.engine.masked.elastic import DriftTest
 from dlm.engine.masked.eos import rows_needing_model, stop_at_eos
 from dlm.engine.masked.forward import KVCachedForward
 from dlm.engine.masked.inputs import full_attention_mask
@@ -127,12 +128,16 @@ class MaskedRun:
         if not any(self.decoding):
             return None
         rows = Rows.from_flags(self.decoding, self.x.device)
-        carried = None if self.last_block_cache is None else carry_cache(*self.last_block_cache, rows.index)
+        carried, refresh_due = None, False
+        if self.last_block_cache is not None:
+            carried = carry_cache(*self.last_block_cache, rows.index)
+            refresh_due = self.last_block_cache[0].refresh_due  # the elastic cache's last drift test
+        drift = DriftTest(plan.cache_drift_threshold, plan.cache_drift_probe) if plan.kv_cache == "elastic" else None
         forward = KVCachedForward(
             plan.adapter, plan.kv_cache, plan.cache_refresh_every, plan.cfg_scale, plan.prompt_length,
             None if self.full_mask is None else self.full_mask[rows.index],
             None if self.positions is None else self.positions[rows.index], cut=plan.cut_trailing_masks,
-            want_hidden=plan.policy.needs_hidden_states, carried=carried)
+            want_hidden=plan.policy.needs_hidden_states, carried=carried, drift=drift, refresh_due=refresh_due)
         block = Block(index, start, start + plan.block_length, budget, rows, forward, reuse=self.carried)
         self.carried = None
         return block
@@ -194,10 +199,13 @@ class MaskedRun:
         in_model)`: `in_model` `[R']` indices into the block's rows (None: all of them)."""
         plan = self.plan
         needs = rows_needing_model(view.block_x, plan.adapter.eos_token_id, plan.mask_id) if plan.skip_finished else None
+        stale = block.forward.stale  # the elastic cache's drift test, read with the rest
         counts = [view.head_left.sum()] + ([] if block.nonfinite is None else [block.nonfinite])
-        (masks_left, *bad), flags = read_step_status(counts, needs)
-        if bad and bad[0]:
-            raise_nonfinite(int(bad[0]), block=block.index, step=block.step - 1)
+        (masks_left, *rest), flags = read_step_status(counts + ([] if stale is None else [stale]), needs)
+        if stale is not None:
+            block.forward.stale, block.forward.refresh_due = None, bool(rest.pop())
+        if rest and rest[0]:
+            raise_nonfinite(int(rest[0]), block=block.index, step=block.step - 1)
         if masks_left <= 0:
             return False, None
         if flags is None:
@@ -267,7 +275,7 @@ class MaskedRun:
             self.carried = block.reuse  # the next head starts from these logits when the lookahead left some
         schedule = int(block.schedule)  # a host read only when a sampler reported its own steps
         self.tally.unit_done(block.used, block.forward.forward_tokens, schedule)
-        if plan.kv_cache == "prompt" or (plan.cache_across_blocks and not block.forward.cut):
+        if plan.kv_cache in ("prompt", "elastic") or (plan.cache_across_blocks and not block.forward.cut):
             self.last_block_cache = (block.forward, block.rows.index, block.start)  # a cut forward's cache ends at `end`
         self.steps_left -= schedule
         if plan.eos_early_stop:

@@ -41,6 +41,8 @@ class MaskedPlan:
     cache_refresh_every: int
     cache_across_blocks: bool
     cut_trailing_masks: bool
+    cache_drift_threshold: float
+    cache_drift_probe: int
     cfg_scale: float
     eos_early_stop: bool
     temperature: float
@@ -98,6 +100,7 @@ def plan_masked(model, input_ids: torch.Tensor, config: DecodingConfig, policy: 
         steps=steps, num_blocks=num_blocks, batch=batch, prompt_length=prompt_length, attention_mask=attention_mask,
         kv_cache=kv_cache, cache_refresh_every=config.cache_refresh_every,
         cache_across_blocks=config.cache_across_blocks, cut_trailing_masks=config.cut_trailing_masks,
+        cache_drift_threshold=config.cache_drift_threshold, cache_drift_probe=config.cache_drift_probe,
         cfg_scale=config.cfg_scale, eos_early_stop=eos_early_stop, temperature=config.temperature,
         generator=config.generator, window_blocks=config.window_blocks, window_open_at=config.window_open_at,
         progress=config.progress)
@@ -142,6 +145,10 @@ def _check_reproducible(policy: Sampler, config: DecodingConfig) -> None:
         raise ValueError(f"sampler {policy.name!r} reproduces a greedy decode: pass temperature=0")
     if config.window_blocks > 1:
         raise ValueError(f"sampler {policy.name!r} decodes one block at a time: use window_blocks=1")
+    if config.kv_cache == "elastic":
+        raise ValueError(f"sampler {policy.name!r} cannot reproduce the elastic cache (its drift tests refresh the "
+                         "cache between the steps it verifies at once): use kv_cache 'none', 'prefix', 'dual' or "
+                         "'prompt'")
     if config.cache_refresh_every > 1:
         raise ValueError(f"sampler {policy.name!r} cannot reproduce a cache refresh every "
                          f"{config.cache_refresh_every} steps (its verification pass reuses the block's cache): "
