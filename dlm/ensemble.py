@@ -40,7 +40,7 @@ from typing import Callable, Hashable
 import torch
 
 from dlm.adapters import DLMAdapter
-from dlm.decoding_config import DecodingConfig
+from dlm.decoding_config import DEFAULT_GEN_LENGTH, DecodingConfig
 from dlm.families import UniformNoiseFamily, family_of, run_decoding
 from dlm.outputs import GenerateOutput
 from samplers import get_sampler
@@ -150,7 +150,7 @@ def _expert_plan(model, input_ids, decoding: DecodingConfig, config: HexConfig):
         canvas, n = planned_canvases(model, decoding, input_ids.shape[1])
         # Sub-blocks of one canvas, the rule applied canvas by canvas; steps stays the total.
         return n * canvas, plan_experts(canvas, decoding.steps, config, canvases=n)
-    gen_length = 64 if decoding.gen_length is None else decoding.gen_length
+    gen_length = DEFAULT_GEN_LENGTH if decoding.gen_length is None else decoding.gen_length
     return gen_length, plan_experts(gen_length, decoding.steps, config)
 
 

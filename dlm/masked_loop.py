@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from dlm.adapters import DLMAdapter
 from dlm.block_window import BlockWindow, fit_logits
-from dlm.decoding_config import DecodingConfig
+from dlm.decoding_config import DEFAULT_GEN_LENGTH, DecodingConfig, default_block_length
 from dlm.outputs import GenerateOutput, StepTrace, nonfinite_positions, raise_nonfinite
 from dlm.schedule import block_budget, tokens_this_step, validate_lengths
 from samplers import StepContext, get_sampler
@@ -412,7 +412,7 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
     for one validated `DecodingConfig`; `dlm.generate` documents every option. Phases: prepare;
     per block: cache set-up; per step: forward, score (the sampler), commit/remask (the contract),
     EOS stop; finalize."""
-    gen_length = 64 if config.gen_length is None else config.gen_length
+    gen_length = DEFAULT_GEN_LENGTH if config.gen_length is None else config.gen_length
     steps = gen_length if config.steps is None else config.steps
     policy = get_sampler(DEFAULT_MASKED_SAMPLER if config.sampler is None else config.sampler, **(config.sampler_config or {}))
     if policy.ensemble:
@@ -422,7 +422,7 @@ def run_masked(model, input_ids: torch.Tensor, config: DecodingConfig, *, attent
     cache_refresh_every, cfg_scale = config.cache_refresh_every, config.cfg_scale
     cache_across_blocks, cut_trailing_masks = config.cache_across_blocks, config.cut_trailing_masks
     eos_early_stop, shift_logits, progress = config.eos_early_stop, config.shift_logits, config.progress
-    block_length = gen_length if block_length is None else block_length
+    block_length = default_block_length(gen_length) if block_length is None else block_length
     num_blocks = validate_lengths(gen_length, block_length, steps)
     _check_input_ids(input_ids, attention_mask)
     adapter = DLMAdapter.wrap(model, mask_token_id=mask_token_id, eos_token_id=eos_token_id, shift_logits=shift_logits)
