@@ -107,3 +107,71 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random seed: the sampler's generator, or torch's global RNG for DiffusionGemma's own "
                              "rule, as transformers' generate draws from it (default: 0)")
     parser.add_argument("--device", type=device_value, default="cpu", help="torch device (default: cpu)")
+
+
+# ------------------------------------------------------------------ threads
+THREADS_ENV = "DLM_THREADS"
+# Threads for a built-in model on the CPU when neither --threads nor DLM_THREADS says otherwise. Each
+# forward of these 1-2M-parameter models is a few small matrix products: torch's one thread per core
+# spends more time meeting at barriers than computing, and collapses when another process holds a
+# core (docs/dlm.md, "Threads": `scripts/bench_threads.py`, 1 thread 3-11x faster on a shared machine).
+SMALL_MODEL_THREADS = 1
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """`--threads N` (every command that computes; `dlm.cli` adds it to each one)."""
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help=f"torch CPU threads (default: ${THREADS_ENV} if set, else {SMALL_MODEL_THREADS} for the "
+                             "built-in models on the CPU, where more threads are slower, and torch's one per core for "
+                             "other models)")
+
+
+def requested_threads(args: argparse.Namespace) -> tuple[int | None, str]:
+    """(threads, why): --threads, else $DLM_THREADS, else the small-model default where it applies
+    (a built-in model or oracle on the CPU), else (None, "torch's default"). ValueError for a bad
+    $DLM_THREADS (one line, as for a bad flag)."""
+    if getattr(args, "threads", None):
+        return args.threads, "--threads"
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        try:
+            value = int(env)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise ValueError(f"{THREADS_ENV}={env!r}: expected a positive integer; unset it or use --threads N")
+        return value, THREADS_ENV
+    if _runs_a_builtin_on_cpu(args):
+        return SMALL_MODEL_THREADS, "built-in model"
+    return None, "torch's default"
+
+
+def _runs_a_builtin_on_cpu(args: argparse.Namespace) -> bool:
+    if str(getattr(args, "device", "cpu") or "cpu") != "cpu":
+        return False
+    if getattr(args, "builtin_model", False):  # `dlm image`: always the shipped digits model
+        return True
+    model = getattr(args, "model", None)
+    if not isinstance(model, str):
+        return False
+    from dlm.tiny import BUILTIN_MODELS  # a dict of paths: no torch import
+
+    return model in BUILTIN_MODELS or model.startswith("oracle-")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Set torch's thread count as `requested_threads` says (nothing, and no torch import, when torch
+    keeps its default)."""
+    threads, _ = requested_threads(args)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def threads_label() -> str:
+    """"1 thread" / "2 threads": what torch runs with now, for summary lines."""
+    import torch
+
+    n = torch.get_num_threads()
+    return f"{n} thread{'s' if n != 1 else ''}"

@@ -60,7 +60,6 @@ def register(subparsers) -> None:
     p.add_argument("--no-eos-stop", action="store_true",
                    help="decode every block even after a row has emitted EOS (default: stop such rows, in both engines)")
     p.add_argument("--device", type=device_value, default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr (default: on when stderr is a terminal, off when redirected)")
@@ -77,9 +76,6 @@ def run(args) -> int:
     from dlm.bench.journal import Journal, OutputError, write_partial
     from dlm.bench.report import plot_results, write_csv, write_json
 
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
     # Fail on spelling mistakes and unusable output paths before any model loads.
     specs = parse_sampler_specs(args.samplers)
     steps = parse_steps(args.steps)

@@ -98,7 +98,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: on when stderr is a terminal, off when redirected)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, builtin_model=True)  # the shipped digits model: --threads defaults to 1 on it
 
 
 def denoiser_steps(scheduler, steps: int) -> int:
@@ -147,7 +147,6 @@ def run(args) -> int:
         if args.search is None:  # forecast: count its schedule back from the run's last step (ForecastConfig.num_steps)
             cache_config = caching.parse_spec(args.cache, cond_index=0, num_steps=denoiser_steps(pipe.scheduler, args.steps))
         caching.apply(pipe, cache_config)
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     gen = torch.Generator().manual_seed(args.seed)
     labels = torch.tensor(requested)
 
