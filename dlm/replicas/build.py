@@ -258,8 +258,13 @@ def working_bytes(model: nn.Module, dtype: torch.dtype, tokens: int = FIT_FORWAR
     heads = int(text.num_attention_heads)
     logits = tokens * vocab * (size + 8) + (tokens * vocab * size if hasattr(model.config, "canvas_length") else 0)
     layer = tokens * (8 * hidden + 3 * mlp) * 4 + heads * tokens * tokens * 4
-    scan = SCAN_ELEMENTS * (8 + 2 * size)  # an abs() copy, bool masks, the first use of each kernel
-    return int(logits + layer + scan)
+    return int(logits + layer + build_bytes(dtype))
+
+
+def build_bytes(dtype: torch.dtype) -> int:
+    """Bytes beyond the weights that building takes at its peak: `init_random`'s scan of one
+    `SCAN_ELEMENTS` piece (an abs() copy in `dtype`, bool masks, the first use of each kernel)."""
+    return SCAN_ELEMENTS * (12 + 2 * torch.empty((), dtype=dtype).element_size())
 
 
 def check_fits(model: nn.Module, shape: dict, device: torch.device, dtype: torch.dtype) -> None:
