@@ -107,11 +107,12 @@ class DLMPipeline:
                  generator: torch.Generator | None = None, kv_cache: str = "auto", eos_early_stop: bool | None = None,
                  use_chat_template: bool | None = None, progress: bool = False, streamer=None,
                  **generate_kwargs: Any) -> DLMPipelineOutput:
-        """Generate a response for each prompt.
+        """Generate a response for each prompt (a string, or a list of strings).
 
         `num_inference_steps` is the forward-pass budget (default: `gen_length`, one token per
-        step); the other arguments are those of `dlm.generate` (same defaults: `gen_length` 64 on a
-        masked model and the generation config's `max_new_tokens` on DiffusionGemma;
+        step); the other arguments are those of `dlm.generate` (same defaults: `gen_length` 64 in
+        blocks of 32 on a masked model, the generation config's `max_new_tokens` in canvases on
+        DiffusionGemma;
         `eos_early_stop` is on when the model's EOS id is known; `sampler=None` is the model
         family's default, `threshold` on a masked model and transformers' own rule on
         DiffusionGemma, whose generation config then also gives the step budget and the EOS ids).

@@ -94,7 +94,8 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
                              "config's max_new_tokens, 48 for tiny-dgemma; DiffusionGemma rounds up to whole canvases "
                              "and both stop early at EOS)")
     parser.add_argument("--block-length", type=positive_int, default=None,
-                        help="semi-autoregressive block size (default: gen-length, one block, on a masked model; the "
+                        help="semi-autoregressive block size (default: 32 where it divides gen-length, else one block, on "
+                             "a masked model; the "
                              "canvas length on DiffusionGemma, where a --sampler may take a divisor of it)")
     parser.add_argument("--temperature", type=temperature_value, default=0.0,
                         help="0 is greedy (default: 0); DiffusionGemma's own rule takes its temperatures from the "
