@@ -64,7 +64,7 @@ def _reference_runs(targets: dict, gen_length: int) -> str:
     steps = gen_length (one token per step) when the budgets include it, else its largest budget."""
     references = {t["reference_budget"] for t in targets.values()}
     if references == {gen_length}:
-        return f"the sampler's steps={gen_length} run (one token per step)"
+        return f"the sampler's steps={gen_length} run (a budget of one forward per token)"
     if gen_length not in references:
         return "the sampler's largest-budget run (ref q@steps)"
     return f"the sampler's reference run (ref q@steps: steps={gen_length} where it was run, else its largest budget)"

@@ -112,19 +112,23 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------ threads
 THREADS_ENV = "DLM_THREADS"
-# Threads for a built-in model on the CPU when neither --threads nor DLM_THREADS says otherwise. Each
-# forward of these 1-2M-parameter models is a few small matrix products: torch's one thread per core
-# spends more time meeting at barriers than computing, and collapses when another process holds a
-# core (docs/dlm.md, "Threads": `scripts/bench_threads.py`, 1 thread 3-11x faster on a shared machine).
+# Threads for a built-in language model on the CPU when neither --threads nor DLM_THREADS says
+# otherwise. Each forward of these 1-2M-parameter models is a few small matrix products: torch's one
+# thread per core spends more time meeting at barriers than computing, and collapses when another
+# process holds a core (docs/dlm.md, "Threads": `scripts/bench_threads.py`, one thread 5-62x faster
+# than two on a shared 2-core machine). A command whose built-in model differs sets
+# `builtin_threads` (`dlm image`: its digits transformer is faster on two).
 SMALL_MODEL_THREADS = 1
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """`--threads N` (every command that computes; `dlm.cli` adds it to each one)."""
+    own = parser.get_default("builtin_threads")
+    default = (f"{own} for the shipped model (measured fastest)" if own else
+               f"{SMALL_MODEL_THREADS} for the built-in models on the CPU, where more threads are slower, and torch's "
+               "one per core for other models")
     parser.add_argument("--threads", type=positive_int, default=None,
-                        help=f"torch CPU threads (default: ${THREADS_ENV} if set, else {SMALL_MODEL_THREADS} for the "
-                             "built-in models on the CPU, where more threads are slower, and torch's one per core for "
-                             "other models)")
+                        help=f"torch CPU threads (default: ${THREADS_ENV} if set, else {default})")
 
 
 def requested_threads(args: argparse.Namespace) -> tuple[int | None, str]:
@@ -143,14 +147,14 @@ def requested_threads(args: argparse.Namespace) -> tuple[int | None, str]:
             raise ValueError(f"{THREADS_ENV}={env!r}: expected a positive integer; unset it or use --threads N")
         return value, THREADS_ENV
     if _runs_a_builtin_on_cpu(args):
-        return SMALL_MODEL_THREADS, "built-in model"
+        return getattr(args, "builtin_threads", None) or SMALL_MODEL_THREADS, "built-in model"
     return None, "torch's default"
 
 
 def _runs_a_builtin_on_cpu(args: argparse.Namespace) -> bool:
     if str(getattr(args, "device", "cpu") or "cpu") != "cpu":
         return False
-    if getattr(args, "builtin_model", False):  # `dlm image`: always the shipped digits model
+    if getattr(args, "builtin_threads", None):  # `dlm image`: always the shipped digits model
         return True
     model = getattr(args, "model", None)
     if not isinstance(model, str):

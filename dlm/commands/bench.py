@@ -4,11 +4,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from dlm._progress import show_progress
 from dlm.tasks.oracle_names import ORACLE_SUITE_NAMES
-from dlm.commands._common import KV_CACHE_CHOICES, check_output_dir, device_value, positive_int, temperature_value
+from dlm.commands._common import (KV_CACHE_CHOICES, check_output_dir, device_value, positive_int, temperature_value,
+                                  threads_label)
 
 
 def _limit(text: str) -> int:
@@ -126,7 +128,9 @@ def run(args) -> int:
         print(json.dumps(summary))
     else:
         print(table)
-        print(f"\nwrote {', '.join(files.values())}", file=sys.stderr)
+        total = time.perf_counter() - getattr(args, "started", time.perf_counter())
+        print(f"\nwrote {', '.join(files.values())} ({total:.1f} s in all, {threads_label()}; the table's "
+              "seconds are each pair's decoding only)", file=sys.stderr)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -98,7 +99,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: on when stderr is a terminal, off when redirected)")
-    p.set_defaults(func=run, builtin_model=True)  # the shipped digits model: --threads defaults to 1 on it
+    # the shipped digits transformer: --threads defaults to 2 (0.10 s against 0.14 s on one thread for
+    # the default 10 digits x 20 steps, on a shared 2-core machine), or 1 on a one-core machine
+    p.set_defaults(func=run, builtin_threads=min(2, os.cpu_count() or 1))
 
 
 def denoiser_steps(scheduler, steps: int) -> int:

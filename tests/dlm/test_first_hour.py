@@ -74,6 +74,15 @@ def test_thread_count_precedence(monkeypatch, flag, env, model, device, expected
     assert _common.requested_threads(args) == expected
 
 
+def test_dlm_image_keeps_two_threads_for_its_model(monkeypatch):
+    """The digits transformer is faster on two threads than on one (docs/dlm.md, "Threads")."""
+    monkeypatch.delenv(_common.THREADS_ENV, raising=False)
+    args = build_parser().parse_args(["image"])
+    assert _common.requested_threads(args) == (min(2, os.cpu_count() or 1), "built-in model")
+    args = build_parser().parse_args(["image", "--threads", "1"])
+    assert _common.requested_threads(args) == (1, "--threads")
+
+
 @pytest.mark.parametrize("value", ["x", "0", "-2", "1.5"])
 def test_bad_dlm_threads_is_one_line(capsys, monkeypatch, value):
     monkeypatch.setenv(_common.THREADS_ENV, value)
@@ -261,7 +270,7 @@ def test_bench_targets_heading_names_only_runs_that_exist():
     from dlm.bench.report import format_table
 
     with_reference = format_table(_bench_result([(8, 70.0), (64, 71.0)]))
-    assert "within 1 point of the sampler's steps=64 run (one token per step)" in with_reference
+    assert "within 1 point of the sampler's steps=64 run (a budget of one forward per token)" in with_reference
     without = format_table(_bench_result([(8, 70.0), (16, 71.0)]))
     assert "steps=64" not in without and "gen_length run" not in without
     assert "within 1 point of the sampler's largest-budget run (ref q@steps)" in without
