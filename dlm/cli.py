@@ -3,8 +3,10 @@
 Each subcommand lives in its own module under `dlm.commands` and exposes
 `register(subparsers)`, which adds its parser and sets `func=<callable(args) -> int>`.
 Errors a user can fix (`ValueError`, `FileNotFoundError`, `KeyError` raised as
-`UsageError`) are printed as one line on stderr with exit code 2, never a traceback; the API's
-keyword names in them (`kv_cache='none'`) are given as the command's flags (`--kv-cache none`).
+`UsageError`) are printed as one line on stderr with exit code 2, never a traceback; for a command
+whose every decoding option is a flag (`flag_terms=True`: `dlm sample`) the API's keyword names in
+them (`kv_cache='none'`) are given as its flags (`--kv-cache none`). (`dlm bench` is left alone: a
+sampler entry's `kv=` sets the same option there, so the flag would misname what the user wrote.)
 Every command gets `--threads N` (and reads `DLM_THREADS`), applied before it runs
 (`dlm.commands._common.requested_threads`); `args.started` is when `main` began, for whole-run times.
 """
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             with _threads(args):
                 return int(args.func(args) or 0)
         except (UsageError, ValueError, FileNotFoundError) as err:
-            command = _subparsers(parser).get(args.command)
+            command = _subparsers(parser).get(args.command) if getattr(args, "flag_terms", False) else None
             print(f"dlm {args.command}: error: {_in_flag_terms(str(err), command)}", file=sys.stderr)
             return 2
         except BrokenPipeError:  # output piped into `head` and closed: not an error

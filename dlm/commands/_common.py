@@ -116,15 +116,17 @@ THREADS_ENV = "DLM_THREADS"
 # otherwise. Each forward of these 1-2M-parameter models is a few small matrix products: torch's one
 # thread per core spends more time meeting at barriers than computing, and collapses when another
 # process holds a core (docs/dlm.md, "Threads": `scripts/bench_threads.py`, one thread 5-62x faster
-# than two on a shared 2-core machine). A command whose built-in model differs sets
-# `builtin_threads` (`dlm image`: its digits transformer is faster on two).
+# than two on a shared 2-core machine). A command whose work differs sets `builtin_threads`: a count
+# (`dlm image`: its digits transformer is faster on two), or 0 for torch's default (`dlm train-joint`:
+# its training batches are faster on every core).
 SMALL_MODEL_THREADS = 1
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """`--threads N` (every command that computes; `dlm.cli` adds it to each one)."""
     own = parser.get_default("builtin_threads")
-    default = (f"{own} for the shipped model (measured fastest)" if own else
+    default = ("torch's, one per core (measured fastest here)" if own == 0 else
+               f"{own} for the shipped model (measured fastest)" if own else
                f"{SMALL_MODEL_THREADS} for the built-in models on the CPU, where more threads are slower, and torch's "
                "one per core for other models")
     parser.add_argument("--threads", type=positive_int, default=None,
@@ -146,8 +148,9 @@ def requested_threads(args: argparse.Namespace) -> tuple[int | None, str]:
         if value <= 0:
             raise ValueError(f"{THREADS_ENV}={env!r}: expected a positive integer; unset it or use --threads N")
         return value, THREADS_ENV
-    if _runs_a_builtin_on_cpu(args):
-        return getattr(args, "builtin_threads", None) or SMALL_MODEL_THREADS, "built-in model"
+    own = getattr(args, "builtin_threads", None)
+    if own != 0 and _runs_a_builtin_on_cpu(args):
+        return own or SMALL_MODEL_THREADS, "built-in model"
     return None, "torch's default"
 
 

@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar over the forward-pass budget on stderr (default: on when stderr is a terminal, "
                         "off when redirected and with --stream or --live, which show the progress themselves)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, flag_terms=True)  # engine errors name these flags, not the API's keywords
 
 
 def _check_modes(args) -> None:

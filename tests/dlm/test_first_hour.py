@@ -83,6 +83,13 @@ def test_dlm_image_keeps_two_threads_for_its_model(monkeypatch):
     assert _common.requested_threads(args) == (1, "--threads")
 
 
+def test_train_joint_keeps_torchs_threads(monkeypatch):
+    """Training batches ran faster on every core (docs/dlm.md, "Threads")."""
+    monkeypatch.delenv(_common.THREADS_ENV, raising=False)
+    args = build_parser().parse_args(["train-joint", "--model", "tiny-dlm"])
+    assert _common.requested_threads(args) == (None, "torch's default")
+
+
 @pytest.mark.parametrize("value", ["x", "0", "-2", "1.5"])
 def test_bad_dlm_threads_is_one_line(capsys, monkeypatch, value):
     monkeypatch.setenv(_common.THREADS_ENV, value)
