@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 import dlm
 
@@ -57,16 +58,18 @@ class busy_core:
         return False
 
 
-def measure(pipe, threads: list[int], batch: int, repeats: int) -> dict[int, list[float]]:
+def measure(pipe, threads: list[int], batch: int, repeats: int, bar) -> dict[int, list[float]]:
     prompts = (PROMPTS * 8)[:batch]
     times: dict[int, list[float]] = {t: [] for t in threads}
     for t in threads:  # warm-up per thread count (the pool is resized on first use)
         torch.set_num_threads(t)
         one_call(pipe, prompts)
+        bar.update(1)
     for _ in range(repeats):
         for t in threads:
             torch.set_num_threads(t)
             times[t].append(one_call(pipe, prompts))
+            bar.update(1)
     return times
 
 
@@ -80,21 +83,24 @@ def main(argv=None) -> int:
     threads = sorted({1, cores})
     pipe = dlm.DLMPipeline.from_pretrained("tiny-dlm")
     rows = []
+    batches = [int(b) for b in args.batches.split(",")]
+    bar = tqdm(total=2 * len(batches) * len(threads) * (args.repeats + 1), desc="calls", file=sys.stderr)
     for condition in ("quiet", "one core busy"):
-        for batch in (int(b) for b in args.batches.split(",")):
+        for batch in batches:
             load = os.getloadavg()[0]
             if condition == "quiet":
-                times = measure(pipe, threads, batch, args.repeats)
+                times = measure(pipe, threads, batch, args.repeats, bar)
             else:
                 with busy_core():
-                    times = measure(pipe, threads, batch, args.repeats)
+                    times = measure(pipe, threads, batch, args.repeats, bar)
             row = {"condition": condition, "batch": batch, "load_before": round(load, 2),
                    "seconds": {str(t): [round(s, 4) for s in v] for t, v in times.items()}}
             medians = {t: statistics.median(v) for t, v in times.items()}
             row["median"] = {str(t): round(m, 4) for t, m in medians.items()}
             row["ratio_all_over_1"] = round(medians[cores] / medians[1], 2) if cores > 1 else 1.0
             rows.append(row)
-            print(json.dumps(row), file=sys.stderr)
+            bar.write(json.dumps(row), file=sys.stderr)
+    bar.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"cores": cores, "torch": torch.__version__, "rows": rows}, indent=1))
