@@ -12,6 +12,7 @@ import torch
 
 from dlm.decoding_config import KV_CACHE_MODES, DecodingConfig
 from dlm.engine.families import CallPlan, plan_call, run_decoding
+from dlm.inputs import check_generate_inputs
 from dlm.outputs import GenerateOutput, NonFiniteLogitsError, StepTrace
 from samplers import Sampler
 
@@ -67,13 +68,14 @@ def generate(
     Args:
         model: callable `model(input_ids, attention_mask=None, **kw)` returning logits `[B, L, V]`
             or an object with `.logits`; or a `DLMAdapter`.
-        input_ids: `[B, P]` long prompts, left-padded when lengths differ (give `attention_mask`;
+        input_ids: `[B, P]` integer prompts (any integer dtype; cast to long), left-padded when lengths differ (give `attention_mask`;
             without it, a leading run of the pad id is taken as padding, see `check_prompt_ids`).
             Encode text with the tokenizer's prompt convention (`tokenizer.encode_prompt(text)` for
             the built-in tiny model, or `DLMPipeline`, which does it for you).
         gen_length: tokens to generate; a multiple of `block_length` (default 64). On a uniform-noise
             model: `max_new_tokens` (default: the generation config's), rounded up to whole canvases.
-        block_length: semi-autoregressive block size (default: `gen_length`, one block).
+        block_length: semi-autoregressive block size (default: 32 where it divides `gen_length`, else
+            one block; `dlm.decoding_config.default_block_length`).
         steps: budget of forward passes for the whole generation (default: `gen_length`, one token
             per step). Blocks get `ceil(steps_left / blocks_left)` passes each, unused passes roll
             over, and within a block each step commits `ceil(masks_left / steps_left)` tokens, so
@@ -88,7 +90,8 @@ def generate(
             An ensemble (`"hex"`) runs its experts through `dlm.ensemble` and ignores `block_length`.
         temperature: 0 is greedy; > 0 samples with Gumbel-max in float64 using `generator`.
         mask_token_id / eos_token_id: taken from the model config when not given.
-        attention_mask: `[B, P]`, 1 for real prompt tokens, 0 for left padding.
+        attention_mask: `[B, P]`, 1 for real prompt tokens, 0 for left padding (other values, and a row
+            of zeros, are refused: `dlm.inputs`).
         kv_cache: "none", "prefix" or "dual" (Fast-dLLM), or "prompt"; needs a model with
             `supports_dlm_kv_cache`. The cache is rebuilt by a full forward at every block start and
             every `cache_refresh_every` steps inside a block (0: block starts only; 1: every step,
@@ -159,6 +162,7 @@ def generate(
         `GenerateOutput` with `.sequences [B, P + gen_length]`, `.nfe`, `.branch_forwards`, `.tpf`,
         `.seconds`.
     """
+    input_ids, attention_mask = check_generate_inputs(model, input_ids, attention_mask)
     config = DecodingConfig(
         gen_length=gen_length, block_length=block_length, steps=steps, sampler=sampler, sampler_config=sampler_config,
         temperature=temperature, mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,

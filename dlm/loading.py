@@ -83,13 +83,20 @@ def _model_class(config: Any):
 
 
 def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-         trust_remote_code: bool = True, shift_logits: bool | None = None) -> LoadedModel:
-    """Load a built-in model by name, or a checkpoint directory / hub id through transformers."""
+         trust_remote_code: bool = True, shift_logits: bool | None = None, progress: bool | None = None) -> LoadedModel:
+    """Load a built-in model by name, or a checkpoint directory / hub id through transformers.
+
+    progress: transformers' weight-loading bar for a checkpoint (None: only when stderr is a
+    terminal; False: never). A built-in model loads in milliseconds and never shows one.
+    A hub id is fetched only when the hub answers: with no network, or with HF_HUB_OFFLINE set, it is
+    read from the local Hugging Face cache, and a model not there fails at once with one ValueError
+    (transformers would otherwise retry for about half a minute first).
+    """
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ValueError("model name is empty; pass a built-in name (" + ", ".join(builtin_models()) + ") or a path")
     builtins = builtin_models()
     if name_or_path in builtins and _is_uniform_noise_dir(builtins[name_or_path]):
-        return _load_uniform_noise(name_or_path, builtins[name_or_path], device, dtype, trust_remote_code)
+        return _load_uniform_noise(name_or_path, builtins[name_or_path], device, dtype, trust_remote_code, False)
     if name_or_path in builtins:
         from dlm.tiny import load_tiny_dlm
         check_checkpoint_dir(builtins[name_or_path])
@@ -104,33 +111,78 @@ def load(name_or_path: str, *, device: str | torch.device = "cpu", dtype: torch.
         raise ValueError(f"unknown model {name_or_path!r}: not a built-in ({', '.join(builtins)}), "
                          "not an existing directory, and not a hub id of the form owner/name")
     check_checkpoint_dir(name_or_path)  # a local folder: missing files, corrupt weights, foreign config
+    hub = {} if Path(name_or_path).exists() else hub_access(name_or_path)
     try:
-        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **hub)
     except OSError as err:
+        if hub:
+            raise ValueError(_not_cached_message(name_or_path)) from err
         raise ValueError(f"cannot load model {name_or_path!r}: {str(err).splitlines()[0]}") from err
     except (ValueError, KeyError) as err:  # e.g. an unknown model_type
         raise ValueError(f"{Path(name_or_path) / 'config.json'}: {_first_line(err)}") from err
     if config.model_type in _UNIFORM_NOISE_TYPES:
-        return _load_uniform_noise(name_or_path, name_or_path, device, dtype, trust_remote_code)
+        return _load_uniform_noise(name_or_path, name_or_path, device, dtype, trust_remote_code, progress, hub)
     if config.model_type == "tiny-dlm":
         from dlm.tiny import load_tiny_dlm
         with _one_line_errors(name_or_path, "checkpoint"):
             model, tokenizer = load_tiny_dlm(name_or_path, device=device, dtype=dtype or torch.float32)
         return _loaded(name_or_path, model, tokenizer, shift_logits)
     with _one_line_errors(name_or_path, "tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **hub)
     _refuse_if_not_masked_diffusion(name_or_path, config, tokenizer)
     from dlm._progress import loading_bars
 
-    with loading_bars(), _one_line_errors(name_or_path):  # weight-loading bars only on a terminal
+    with loading_bars(progress), _one_line_errors(name_or_path):  # weight-loading bars only on a terminal
         model, info = _model_class(config).from_pretrained(
-            name_or_path, trust_remote_code=trust_remote_code, dtype=dtype or "auto", output_loading_info=True)
+            name_or_path, trust_remote_code=trust_remote_code, dtype=dtype or "auto", output_loading_info=True, **hub)
     check_weights_fit(info, name_or_path, config)
     model.to(device).eval()
     return _loaded(name_or_path, model, tokenizer, shift_logits)
 
 
 _UNIFORM_NOISE_TYPES = ("diffusion_gemma",)
+# How long the hub gets to accept a connection before the machine is taken as offline.
+HUB_PROBE_SECONDS = 3.0
+
+
+def hub_access(repo_id: str) -> dict:
+    """Keyword arguments for transformers' `from_pretrained` of hub id `repo_id`: {} when the hub can
+    be reached, else `{"local_files_only": True}`, so that an offline machine (no route, no DNS, or
+    HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE set) reads the local cache at once instead of retrying
+    each file for about half a minute. One TCP connection to the hub's host decides."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if _offline_mode():
+        return {"local_files_only": True}
+    endpoint = urlparse(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=HUB_PROBE_SECONDS).close()
+    except OSError:
+        return {"local_files_only": True}
+    return {}
+
+
+def _offline_mode() -> bool:
+    """HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set (read now, not only when huggingface_hub was imported)."""
+    import os
+
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or any(
+        os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _not_cached_message(name: str) -> str:
+    from huggingface_hub import constants
+
+    why = "offline mode is set (HF_HUB_OFFLINE)" if _offline_mode() else f"{constants.ENDPOINT} cannot be reached"
+    return (f"cannot load model {name!r}: {why} and it is not in the local Hugging Face cache; download it on a "
+            f"connected machine (hf download {name}) or pass a local folder")
 
 
 def _is_uniform_noise_dir(path: str) -> bool:
@@ -143,7 +195,8 @@ def _is_uniform_noise_dir(path: str) -> bool:
         return False
 
 
-def _load_uniform_noise(name: str, path: str, device, dtype, trust_remote_code: bool) -> LoadedModel:
+def _load_uniform_noise(name: str, path: str, device, dtype, trust_remote_code: bool, progress: bool | None,
+                        hub: dict | None = None) -> LoadedModel:
     """A DiffusionGemma checkpoint through transformers' Auto classes (`AutoModelForImageTextToText`
     maps it to `DiffusionGemmaForBlockDiffusion`); its tokenizer is the folder's (transformers', or
     our tiny character tokenizer for tiny-dgemma). The folder's generation_config.json becomes the
@@ -152,6 +205,7 @@ def _load_uniform_noise(name: str, path: str, device, dtype, trust_remote_code: 
 
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
+    hub = hub or {}
     check_checkpoint_dir(path)
     tokenizer_file = Path(path) / "tokenizer.json"
     with _one_line_errors(path, "tokenizer"):
@@ -160,12 +214,12 @@ def _load_uniform_noise(name: str, path: str, device, dtype, trust_remote_code: 
             from dlm.tiny.tokenizer import TinyCharTokenizer
             tokenizer = TinyCharTokenizer.from_pretrained(path)
         else:
-            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
     from dlm._progress import loading_bars
 
-    with loading_bars(), _one_line_errors(path):
+    with loading_bars(progress), _one_line_errors(path):
         model, info = AutoModelForImageTextToText.from_pretrained(
-            path, trust_remote_code=trust_remote_code, dtype=dtype or torch.float32, output_loading_info=True)
+            path, trust_remote_code=trust_remote_code, dtype=dtype or torch.float32, output_loading_info=True, **hub)
     check_weights_fit(info, path, model.config)
     model.to(device).eval()
     gc, text = model.generation_config, model.config.text_config

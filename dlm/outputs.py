@@ -97,8 +97,21 @@ def nonfinite_positions(logits: torch.Tensor) -> torch.Tensor:
     return (~torch.isfinite(top)).sum()
 
 
-def raise_nonfinite(count: int, *, block: int, step: int, what: str = "block") -> None:
-    raise NonFiniteLogitsError(
-        f"the model returned non-finite logits (NaN or inf) at {count} position(s) in {what} {block}, step {step}; "
-        "decoding them would give wrong tokens. Likely cause: float16 overflow -- run the model in float32 or "
-        "bfloat16 (check model.dtype), or check the model's weights")
+def raise_nonfinite(count: int, *, block: int, step: int, what: str = "block", dtype: torch.dtype | None = None) -> None:
+    """Raise `NonFiniteLogitsError` for `count` undecodable positions at `what` `block`, step `step`.
+
+    `dtype` (the model's parameter dtype, when the caller knows it) picks the likely cause: overflow
+    only in float16; in float32 or bfloat16 (float32's range) the weights or the inputs. Unknown: both,
+    each under its condition, so that a float32 model is never told it overflowed in float16."""
+    where = f"the model returned non-finite logits (NaN or inf) at {count} position(s) in {what} {block}, step {step}; " \
+            "decoding them would give wrong tokens."
+    if dtype == torch.float16:
+        cause = " Likely cause: float16 overflow; run the model in float32 or bfloat16, or check its weights"
+    elif dtype is not None:
+        name = str(dtype).replace("torch.", "")
+        cause = (f" The model runs in {name}, which does not overflow as float16 does: check its weights for NaN or "
+                 "inf (a damaged or partly loaded checkpoint) and its inputs")
+    else:
+        cause = (" Check model.dtype: in float16 the likely cause is overflow (run it in float32 or bfloat16); in "
+                 "float32 or bfloat16, NaN or inf in the weights (a damaged or partly loaded checkpoint) or the inputs")
+    raise NonFiniteLogitsError(where + cause)

@@ -107,11 +107,12 @@ class DLMPipeline:
                  generator: torch.Generator | None = None, kv_cache: str = "auto", eos_early_stop: bool | None = None,
                  use_chat_template: bool | None = None, progress: bool = False, streamer=None,
                  **generate_kwargs: Any) -> DLMPipelineOutput:
-        """Generate a response for each prompt.
+        """Generate a response for each prompt (a string, or a list of strings).
 
         `num_inference_steps` is the forward-pass budget (default: `gen_length`, one token per
-        step); the other arguments are those of `dlm.generate` (same defaults: `gen_length` 64 on a
-        masked model and the generation config's `max_new_tokens` on DiffusionGemma;
+        step); the other arguments are those of `dlm.generate` (same defaults: `gen_length` 64 in
+        blocks of 32 on a masked model, the generation config's `max_new_tokens` in canvases on
+        DiffusionGemma;
         `eos_early_stop` is on when the model's EOS id is known; `sampler=None` is the model
         family's default, `threshold` on a masked model and transformers' own rule on
         DiffusionGemma, whose generation config then also gives the step budget and the EOS ids).
@@ -119,9 +120,7 @@ class DLMPipeline:
         skip_prompt=True)`, fed the formatted prompt's ids and then the tokens as they become final
         (see `dlm.generate`).
         """
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if not prompts:
-            raise ValueError("prompt is an empty list; give at least one prompt")
+        prompts = _prompt_list(prompt)
         input_ids, attention = self.encode(prompts, use_chat_template)
         if family_of(self.model).uniform:
             # ids, lengths and stopping come from the model's generation config; nothing masked-only
@@ -135,3 +134,20 @@ class DLMPipeline:
             kv_cache=kv_cache, progress=progress, streamer=streamer, **model_ids, **generate_kwargs)
         return DLMPipelineOutput(self.decode(out.sequences, input_ids.shape[1]), out.sequences, out.nfe, out.tpf,
                                  out.seconds, input_ids.shape[1])
+
+
+def _prompt_list(prompt) -> list[str]:
+    """`prompt` as a non-empty list of strings; ValueError naming the argument otherwise (None, a
+    number or a list of ids would fail deep inside the tokenizer with a bare TypeError)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, (list, tuple)):
+        if not prompt:
+            raise ValueError("prompt is an empty list; give at least one prompt")
+        for i, item in enumerate(prompt):
+            if not isinstance(item, str):
+                raise ValueError(f"prompt {i} is {type(item).__name__} {item!r:.40}, not text; pass a string or a "
+                                 "list of strings (for token ids, call dlm.generate(model, input_ids))")
+        return list(prompt)
+    raise ValueError(f"prompt must be a string or a list of strings, got {type(prompt).__name__} {prompt!r:.40}; "
+                     "e.g. pipe(\"sort: tom fay ivy\") (for token ids, call dlm.generate(model, input_ids))")

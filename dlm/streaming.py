@@ -81,10 +81,12 @@ class TokenStream:
         from dlm.adapters import DLMAdapter
 
         adapter = DLMAdapter.wrap(model, mask_token_id=config.mask_token_id, eos_token_id=config.eos_token_id)
+        from dlm.decoding_config import default_block_length
+
         gen_length = DEFAULT_GEN_LENGTH if config.gen_length is None else config.gen_length
         remasks = bool(policy is not None and policy.remasks)
         return PrefixStream(streamer, input_ids, mask_id=adapter.mask_token_id, eos_id=adapter.eos_token_id,
-                            gen_length=gen_length, block_length=config.block_length or gen_length,
+                            gen_length=gen_length, block_length=config.block_length or default_block_length(gen_length),
                             remasks=remasks, per_step=not ensemble)
 
     def chain(self, callback: Callable[[StepTrace], None] | None) -> Callable[[StepTrace], None] | None:

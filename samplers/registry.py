@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from typing import Any
 
 from samplers.base import Sampler
@@ -70,8 +72,42 @@ def get_sampler(sampler: "str | Sampler", **config: Any) -> Sampler:
     if unknown:
         raise ValueError(f"sampler {sampler!r} has no option {', '.join(unknown)}; "
                          f"valid options: {', '.join(valid) or '(none)'}")
+    for key, value in config.items():
+        _check_option_type(sampler, cls.Config, key, value)
     try:
         return cls(**config)
-    except TypeError as err:  # e.g. a string where a number is needed, caught by validate()'s comparisons
+    except TypeError as err:  # a value no annotation could check (a tuple field's items, say)
         raise ValueError(f"bad value in sampler {sampler!r} options {config}: {err}; "
                          f"valid options: {', '.join(valid)}") from None
+
+
+# What a config field annotated with each type accepts, and how the error names it.
+_OPTION_TYPES = {
+    bool: ((bool,), "true or false"),
+    int: ((int,), "an integer"),
+    float: ((int, float), "a number"),
+    str: ((str,), "text"),
+}
+
+
+def _check_option_type(sampler: str, config_cls: type, key: str, value: Any) -> None:
+    """ValueError naming the option, what it takes and an example, when `value` is not of the type the
+    config field is annotated with (a string for a number would otherwise surface as Python's own
+    "'<' not supported" from `validate`). Fields typed `X | None` also take None; fields of other
+    types (tuples) are left to the config's `validate`."""
+    hint = typing.get_type_hints(config_cls).get(key)
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return
+    kinds = [_OPTION_TYPES[t] for t in allowed if t in _OPTION_TYPES]
+    if not kinds:
+        return
+    ok = any(isinstance(value, accepted) for accepted, _ in kinds)
+    if isinstance(value, bool) and bool not in allowed:  # True is an int to Python, not a number to a user
+        ok = False
+    if not ok:
+        default = getattr(config_cls, key, None)
+        wanted = " or ".join(name for _, name in kinds) + (" or none" if type(None) in allowed else "")
+        raise ValueError(f"sampler {sampler!r} option {key} takes {wanted}, got {value!r}; e.g. "
+                         f"{sampler}:{key}={str(default).lower() if isinstance(default, bool) else default} "
+                         f"(the default)")

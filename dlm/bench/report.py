@@ -49,7 +49,7 @@ def format_table(result: BenchResult) -> str:
     if targets:
         trows = [[name, f"{t['reference_quality']:.1f}@{t['reference_budget']}", str(t["min_budget"]),
                   f"{t['min_nfe']:.1f}", f"{t['quality']:.1f}", f"{t['tpf']:.2f}"] for name, t in targets.items()]
-        text += "\n\nsmallest NFE within 1 point of the sampler's budget=gen_length run\n" + _grid(
+        text += f"\n\nsmallest NFE within 1 point of {_reference_runs(targets, cfg['gen_length'])}\n" + _grid(
             ["sampler", "ref q@steps", "steps", "NFE/seq", "quality%", "TPF"], trows)
     for base, cmp in (result.meta.get("vs_diffusers") or {}).items():
         text += _vs_baseline(base, cmp)
@@ -57,6 +57,17 @@ def format_table(result: BenchResult) -> str:
         for base, cmp in by_base.items():
             text += _vs_baseline(base, cmp, f"[{suite}] ")
     return text
+
+
+def _reference_runs(targets: dict, gen_length: int) -> str:
+    """What the targets table compares with, naming only runs that were made: each sampler's run at
+    steps = gen_length (one token per step) when the budgets include it, else its largest budget."""
+    references = {t["reference_budget"] for t in targets.values()}
+    if references == {gen_length}:
+        return f"the sampler's steps={gen_length} run (a budget of one forward per token)"
+    if gen_length not in references:
+        return "the sampler's largest-budget run (ref q@steps)"
+    return f"the sampler's reference run (ref q@steps: steps={gen_length} where it was run, else its largest budget)"
 
 
 def _law_table(pairs) -> str:

@@ -4,11 +4,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from dlm._progress import show_progress
 from dlm.tasks.oracle_names import ORACLE_SUITE_NAMES
-from dlm.commands._common import KV_CACHE_CHOICES, check_output_dir, device_value, positive_int, temperature_value
+from dlm.commands._common import (KV_CACHE_CHOICES, check_output_dir, device_value, positive_int, temperature_value,
+                                  threads_label)
 
 
 def _limit(text: str) -> int:
@@ -60,7 +62,6 @@ def register(subparsers) -> None:
     p.add_argument("--no-eos-stop", action="store_true",
                    help="decode every block even after a row has emitted EOS (default: stop such rows, in both engines)")
     p.add_argument("--device", type=device_value, default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr (default: on when stderr is a terminal, off when redirected)")
@@ -77,9 +78,6 @@ def run(args) -> int:
     from dlm.bench.journal import Journal, OutputError, write_partial
     from dlm.bench.report import plot_results, write_csv, write_json
 
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
     # Fail on spelling mistakes and unusable output paths before any model loads.
     specs = parse_sampler_specs(args.samplers)
     steps = parse_steps(args.steps)
@@ -130,7 +128,9 @@ def run(args) -> int:
         print(json.dumps(summary))
     else:
         print(table)
-        print(f"\nwrote {', '.join(files.values())}", file=sys.stderr)
+        total = time.perf_counter() - getattr(args, "started", time.perf_counter())
+        print(f"\nwrote {', '.join(files.values())} ({total:.1f} s in all, {threads_label()}; the table's "
+              "seconds are each pair's decoding only)", file=sys.stderr)
     return 0
 
 

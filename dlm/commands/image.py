@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -98,7 +99,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: on when stderr is a terminal, off when redirected)")
-    p.set_defaults(func=run)
+    # the shipped digits transformer: --threads defaults to 2 (0.10 s against 0.14 s on one thread for
+    # the default 10 digits x 20 steps, on a shared 2-core machine), or 1 on a one-core machine
+    p.set_defaults(func=run, builtin_threads=min(2, os.cpu_count() or 1))
 
 
 def denoiser_steps(scheduler, steps: int) -> int:
@@ -147,7 +150,6 @@ def run(args) -> int:
         if args.search is None:  # forecast: count its schedule back from the run's last step (ForecastConfig.num_steps)
             cache_config = caching.parse_spec(args.cache, cond_index=0, num_steps=denoiser_steps(pipe.scheduler, args.steps))
         caching.apply(pipe, cache_config)
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     gen = torch.Generator().manual_seed(args.seed)
     labels = torch.tensor(requested)
 

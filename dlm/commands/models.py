@@ -5,7 +5,7 @@ from __future__ import annotations
 def register(subparsers) -> None:
     p = subparsers.add_parser("models", help="list built-in models and samplers")
     p.add_argument("--samplers", action="store_true", help="list the registered samplers instead")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, computes=False)  # no --threads: listing loads no model
 
 
 def run(args) -> int:

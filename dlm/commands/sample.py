@@ -4,8 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
-from dlm.commands._common import add_decoding_arguments, positive_int, quiet_transformers, seeded_generator
+from dlm.commands._common import add_decoding_arguments, positive_int, quiet_transformers, seeded_generator, threads_label
 from dlm._progress import show_progress
 
 DEFAULT_PROMPT = "sort: tom fay ivy gus bo wes"
@@ -27,7 +28,9 @@ def register(subparsers) -> None:
                         "forwards, on a masked model; on DiffusionGemma the generation config's max_denoising_steps per "
                         "canvas with its own rule, one token per step with a --sampler)")
     add_decoding_arguments(p)
-    p.add_argument("--json", action="store_true", help="print a JSON object (text, tokens, nfe, tpf, seconds)")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON object (text, tokens, nfe, tpf, seconds of decoding, seconds_total of the whole "
+                        "command, threads, and the gen_length, block_length and steps used)")
     p.add_argument("--stream", action="store_true",
                    help="print the answer as it becomes final (the growing prefix of final tokens on a masked model, "
                         "each accepted canvas on DiffusionGemma) with transformers' TextStreamer")
@@ -41,7 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar over the forward-pass budget on stderr (default: on when stderr is a terminal, "
                         "off when redirected and with --stream or --live, which show the progress themselves)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, flag_terms=True)  # engine errors name these flags, not the API's keywords
 
 
 def _check_modes(args) -> None:
@@ -57,7 +60,10 @@ def _check_modes(args) -> None:
 
 
 def run(args) -> int:
+    import torch
+
     import dlm
+    from dlm.decoding_config import DEFAULT_GEN_LENGTH, default_block_length
     from dlm.engine.schedule import validate_lengths
     from samplers import get_sampler
 
@@ -71,10 +77,10 @@ def run(args) -> int:
         raise ValueError("--prompt is empty; give some text to respond to")
     if args.record:
         _check_record_path(args.record)
-    masked_length = args.gen_length or 64
-    validate_lengths(masked_length, args.block_length or masked_length, args.steps or masked_length)
+    masked_length = args.gen_length or DEFAULT_GEN_LENGTH
+    validate_lengths(masked_length, args.block_length or default_block_length(masked_length), args.steps or masked_length)
     quiet_transformers()
-    pipe = dlm.DLMPipeline.from_pretrained(args.model, device=args.device)
+    pipe = dlm.DLMPipeline.from_pretrained(args.model, device=args.device, progress=False if args.progress is False else None)
     from dlm.engine.families import family_of
 
     uniform = family_of(pipe.model).uniform
@@ -82,7 +88,6 @@ def run(args) -> int:
     generator = seeded_generator(args.seed)
     if uniform and args.sampler is None:
         # transformers' rule draws from the global RNG, as model.generate does: seed that instead
-        import torch
         torch.manual_seed(0 if args.seed is None else args.seed)
         generator = None
 
@@ -107,19 +112,44 @@ def run(args) -> int:
     finally:
         watch.close()
     text = out.texts[0]
+    total = time.perf_counter() - getattr(args, "started", time.perf_counter())
     if args.json:
         tokens = out.sequences[0, out.prompt_length:].tolist()
         print(json.dumps({"model": args.model, "prompt": args.prompt, "text": text, "tokens": tokens,
-                          "sampler": sampler, "nfe": out.nfe, "tpf": round(out.tpf, 4),
-                          "seconds": round(out.seconds, 4)}))
+                          "sampler": sampler, **watch.lengths, "nfe": out.nfe, "tpf": round(out.tpf, 4),
+                          "seconds": round(out.seconds, 4), "seconds_total": round(total, 4),
+                          "threads": torch.get_num_threads()}))
     else:
         if not stream:  # the streamer printed it already
             print(text)
-        # the forwards beside what one-token-per-step decoding of the same length would take
+        # the forwards beside what one-token-per-step decoding of the same length would take; the
+        # decoding loop's time beside the whole command's (most of a first run is importing torch)
         generated = out.sequences.shape[1] - out.prompt_length
         print(f"[{args.model} | {sampler} | nfe {out.nfe} of {generated} at one token per step | "
-              f"{out.tpf:.2f} tokens/forward | {out.seconds:.2f} s]", file=sys.stderr)
+              f"{out.tpf:.2f} tokens/forward | decoding {out.seconds:.2f} s, {total:.2f} s in all | "
+              f"{threads_label()}]", file=sys.stderr)
     return 0
+
+
+def resolved_lengths(args, pipe, uniform: bool) -> dict:
+    """{"gen_length", "block_length", "steps"} this run decodes with, the defaults filled in as
+    `dlm.generate` fills them (a uniform-noise model: whole canvases; with its own rule, `steps` is the
+    generation config's `max_denoising_steps` per canvas times the canvases, at most)."""
+    from dlm.decoding_config import DEFAULT_GEN_LENGTH, DecodingConfig, default_block_length
+
+    if not uniform:
+        gen = args.gen_length or DEFAULT_GEN_LENGTH
+        return {"gen_length": gen, "block_length": args.block_length or default_block_length(gen),
+                "steps": args.steps or gen}
+    from dlm.engine.uniform.plan import planned_canvases, resolve_generation_config
+
+    prompt_length = len(pipe.encode([args.prompt])[0][0])
+    canvas, canvases = planned_canvases(pipe.model, DecodingConfig(gen_length=args.gen_length), prompt_length)
+    if args.sampler is None:
+        steps = resolve_generation_config(pipe.model, None).max_denoising_steps * canvases
+    else:
+        steps = args.steps or canvas * canvases
+    return {"gen_length": canvas * canvases, "block_length": args.block_length or canvas, "steps": steps}
 
 
 def _check_record_path(path: str) -> None:
@@ -140,22 +170,22 @@ class _Watch:
         from dlm.live import CanvasFrames, FrameRecorder, LiveView, frames_callback, token_pieces
 
         self.sinks, self.view, self.recorder = [], None, None
+        self.lengths = resolved_lengths(args, pipe, uniform)
         if not (live or args.record):
             return
         remasks = bool(policy is not None and policy.remasks)
         if uniform:
             canvas = int(pipe.model.config.canvas_length)
             self.frames = CanvasFrames(token_pieces(pipe.tokenizer), block_length=canvas,
-                                       final_unit=args.block_length or canvas, remasks=remasks)
+                                       final_unit=self.lengths["block_length"], remasks=remasks)
         else:
-            length = args.gen_length or 64
-            self.frames = CanvasFrames(token_pieces(pipe.tokenizer), block_length=args.block_length or length,
-                                       mask_id=pipe.mask_token_id, remasks=remasks, length=length)
+            self.frames = CanvasFrames(token_pieces(pipe.tokenizer), block_length=self.lengths["block_length"],
+                                       mask_id=pipe.mask_token_id, remasks=remasks, length=self.lengths["gen_length"])
         if args.record:
+            # the values this run decodes with, defaults resolved: a replay needs no knowledge of them
             self.recorder = FrameRecorder(args.record, {
                 "model": args.model, "prompt": args.prompt, "sampler": sampler,
-                "family": "uniform-noise" if uniform else "masked", "gen_length": args.gen_length,
-                "block_length": args.block_length, "steps": args.steps, "seed": args.seed})
+                "family": "uniform-noise" if uniform else "masked", **self.lengths, "seed": args.seed})
             self.sinks.append(self.recorder)
         if live:
             self.view = LiveView(title=f"{args.model} | {sampler}")

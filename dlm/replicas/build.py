@@ -40,14 +40,22 @@ TINY_OVERRIDES: dict[str, dict] = {
                                    num_experts=8, top_k_experts=2, moe_intermediate_size=16, vocab_size=512,
                                    canvas_length=16, boi_token_id=509, eoi_token_id=510, image_token_id=511),
 }
-# Kept free on the device beyond the weights: the allocator's and the first forward's working memory.
+# Kept free on the device beyond what `working_bytes` counts: the allocator's rounding and fragmentation.
 HEADROOM_BYTES = 1 << 30
+# The forward the fit check makes room for: one row of this many tokens (the GPU report's decoding shape,
+# prompt 256 + block 32, fits; DiffusionGemma's 256-token canvas too).
+FIT_FORWARD_TOKENS = 512
+# Elements per piece when `init_random` scans the weights for NaN/inf: whole-tensor checks of a 518M-element
+# embedding allocated a bool mask and, in bfloat16 on the CPU, an abs() copy, 2.6 GB beside 2.5 GB of weights
+# for one layer of LLaDA-8B; in pieces they take a few tens of MB.
+SCAN_ELEMENTS = 1 << 22
 
 
 class ReplicaTooLarge(ValueError):
-    """The replica's weights do not fit the free memory of the device; the message names `layers=`.
+    """The replica (its weights, building them and one forward) does not fit the free memory of the
+    device; the message names `layers=`.
 
-    fit_layers: the deepest `layers=` whose weights would fit (0 when not even one layer does)."""
+    fit_layers: the deepest `layers=` that would fit (0 when not even one layer does)."""
 
     def __init__(self, message: str, fit_layers: int = 0):
         super().__init__(message)
@@ -227,24 +235,60 @@ def _free_bytes(device: torch.device) -> Optional[int]:
     return None
 
 
+def working_bytes(model: nn.Module, dtype: torch.dtype, tokens: int = FIT_FORWARD_TOKENS) -> int:
+    """Bytes beyond the weights that building the replica and one forward of one row of `tokens` tokens
+    take at their peak, whatever the depth (a forward without gradients frees each layer's activations
+    before the next):
+
+    - building: `init_random`'s NaN/inf scan of one `SCAN_ELEMENTS` piece (bool masks and a copy);
+    - the forward: the logits `[tokens, V]` in `dtype`, the float32 copy decoding makes of them and its
+      softmax, plus DiffusionGemma's self-conditioning input `[tokens, V]`; one layer's activations, counted in float32
+      as 8 hidden-size and 3 MLP-width vectors per token (the MoE width: the active experts' and the
+      shared expert's); attention scores `[heads, tokens, tokens]` in float32 (the math path).
+
+    An upper estimate, checked against the measured peak on the CPU (tests/dlm/test_replicas.py)."""
+    text = model.config.get_text_config()
+    size = torch.empty((), dtype=dtype).element_size()
+    vocab, hidden = int(text.vocab_size), int(text.hidden_size)
+    width = int(getattr(text, "intermediate_size", 0) or 0)
+    experts_width = int(getattr(text, "moe_intermediate_size", 0) or 0) * int(
+        getattr(text, "num_experts_per_tok", 0) or getattr(text, "top_k_experts", 0) or 0)
+    shared = int(getattr(text, "moe_intermediate_size", 0) or 0) * int(getattr(text, "n_shared_experts", 0) or 0)
+    mlp = max(width, experts_width + shared)
+    heads = int(text.num_attention_heads)
+    logits = tokens * vocab * (size + 8) + (tokens * vocab * size if hasattr(model.config, "canvas_length") else 0)
+    layer = tokens * (8 * hidden + 3 * mlp) * 4 + heads * tokens * tokens * 4
+    return int(logits + layer + build_bytes(dtype))
+
+
+def build_bytes(dtype: torch.dtype) -> int:
+    """Bytes beyond the weights that building takes at its peak: `init_random`'s scan of one
+    `SCAN_ELEMENTS` piece (an abs() copy in `dtype`, bool masks, the first use of each kernel)."""
+    return SCAN_ELEMENTS * (12 + 2 * torch.empty((), dtype=dtype).element_size())
+
+
 def check_fits(model: nn.Module, shape: dict, device: torch.device, dtype: torch.dtype) -> None:
-    """Raise `ReplicaTooLarge` (one line: the model, its size, the depth that would fit) when the weights
-    plus `HEADROOM_BYTES` exceed the device's free memory. Checked before anything is allocated."""
+    """Raise `ReplicaTooLarge` (one line: the model, its size, the depth that would fit) when the weights,
+    what building them and one forward take (`working_bytes`) and `HEADROOM_BYTES` exceed the device's
+    free memory. Checked before anything is allocated."""
     free = _free_bytes(device)
     if free is None:
         return
-    needed = parameter_bytes(model, dtype)
-    if needed + HEADROOM_BYTES <= free:
+    weights = parameter_bytes(model, dtype)
+    working = working_bytes(model, dtype)
+    if weights + working + HEADROOM_BYTES <= free:
         return
     layers = _decoder_layers(model)
     per_layer = parameter_bytes(layers, dtype) / max(len(layers), 1)
-    rest = needed - parameter_bytes(layers, dtype)
-    fit = max(0, min(int((free - HEADROOM_BYTES - rest) // per_layer) if per_layer else 0, len(layers) - 1))
+    rest = weights - parameter_bytes(layers, dtype)
+    fit = max(0, min(int((free - HEADROOM_BYTES - working - rest) // per_layer) if per_layer else 0, len(layers) - 1))
     hint = (f"pass layers={fit} or fewer to cut its depth (about {per_layer / 1e9:.2f} GB a layer)"
             if fit >= 1 else "it does not fit even with layers=1; use a device with more free memory")
     dtype_name = str(dtype).replace("torch.", "")
-    raise ReplicaTooLarge(f"{shape['name']} replica needs {needed / 1e9:.1f} GB of weights ({dtype_name}, "
-                          f"{len(layers)} layers) but {device} has {free / 1e9:.1f} GB free: {hint}", fit)
+    raise ReplicaTooLarge(f"{shape['name']} replica needs {weights / 1e9:.1f} GB of weights ({dtype_name}, "
+                          f"{len(layers)} layers) and {(working + HEADROOM_BYTES) / 1e9:.1f} GB more to build them "
+                          f"and run one {FIT_FORWARD_TOKENS}-token forward, but {device} has {free / 1e9:.1f} GB "
+                          f"free: {hint}", fit)
 
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -256,7 +300,8 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
     """Allocate every distinct meta parameter on `device` (floating ones in `dtype`, uninitialised) and move
-    buffers there in their own dtype. Tied parameters stay tied: one allocation per parameter object."""
+    buffers there in their own dtype. Tied parameters stay tied: one allocation per parameter object. On
+    the meta device itself only the parameters' dtype changes (nothing is allocated; buffers stay real)."""
     fresh: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, p in module._parameters.items():
@@ -267,7 +312,7 @@ def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
                 fresh[id(p)] = nn.Parameter(torch.empty(p.shape, device=device, dtype=target), requires_grad=False)
             module._parameters[name] = fresh[id(p)]
         for name, b in module._buffers.items():
-            if b is not None:
+            if b is not None and device.type != "meta":
                 module._buffers[name] = b.to(device)
 
 
@@ -287,14 +332,23 @@ def init_random(model: nn.Module, seed: int) -> tuple[str, ...]:
             # already, and re-deriving some of them fails outside from_pretrained (Gemma 4's vision rotary).
             if any(p is not None for p in module._parameters.values()):
                 model._init_weights(module)
-        missed = tuple(name for name, p in params if bool(torch.isnan(p).any()))
+        missed = tuple(name for name, p in params if _any_piece(p, torch.isnan))
         for name, p in params:
             if name in missed:
                 p.fill_(1.0) if p.dim() == 1 else p.normal_(0.0, std)
-    bad = [name for name, p in params if not bool(torch.isfinite(p).all())]
+    bad = [name for name, p in params if _any_piece(p, lambda piece: ~torch.isfinite(piece))]
     if bad:
         raise RuntimeError(f"random init left non-finite values in {bad[:5]}")
     return missed
+
+
+def _any_piece(p: torch.Tensor, test) -> bool:
+    """`bool(test(p).any())` computed `SCAN_ELEMENTS` at a time (see there), one host read at the end."""
+    flat = p.detach().reshape(-1)
+    found = torch.zeros((), dtype=torch.bool, device=p.device)
+    for piece in flat.split(SCAN_ELEMENTS):
+        found |= test(piece).any()
+    return bool(found)
 
 
 def attach_generation_config(model: nn.Module, shape: dict) -> None:
@@ -361,6 +415,8 @@ def replica(name: str, layers: Optional[int] = None, device=None, dtype: Optiona
         check_fits(model, shape, device, dtype)
         materialize(model, device, dtype)
         fallback = init_random(model, seed)
+    else:  # no memory, but the parameters say the dtype `replica_info` reports
+        materialize(model, device, dtype)
     for p in model.parameters():
         p.requires_grad_(False)
     text = model.config.get_text_config()

@@ -70,7 +70,7 @@ def load_tiny_dlm(path=None, device="cpu", dtype=None):
             f"tokenizer.json); train one with scripts/train_tiny_dlm.py")
     from dlm._progress import loading_bars
 
-    with loading_bars():  # no "Loading weights" bar when stderr is redirected
+    with loading_bars(False):  # never a "Loading weights" bar: this model loads in milliseconds
         model = TinyDLMModel.from_pretrained(str(d), dtype=dtype)
     model.to(device=device, dtype=dtype).eval()
     tokenizer = TinyCharTokenizer.from_pretrained(d)

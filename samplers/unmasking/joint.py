@@ -62,6 +62,10 @@ class JointSampler(Sampler):
         # An explicit path is loaded now, so a missing or broken file fails at construction.
         self.layer: JointLayer | None = None if self.config.layer == "auto" else load_layer(self.config.layer)
         self._model_fingerprint: str | None = None
+        # Declared before `prepare` finds the layer, because the driver resolves kv_cache="auto" (the
+        # default) from it first: until the layer says it reads log-probabilities, assume hidden
+        # states, so that "auto" picks the uncached forward they need instead of a refusal.
+        self.needs_hidden_states = self.layer is None or self.layer.meta.features == "hidden"
 
     def prepare(self, model) -> None:
         """Find (auto) or check (explicit path) the layer for `model`; ValueError names the fix."""

@@ -47,7 +47,7 @@ def test_sample_takes_a_sampler_with_options(capsys, spec):
 
 
 @pytest.mark.parametrize("argv,fragment", [
-    (["--gen-length", "30", "--block-length", "8"], "multiple of block_length"),
+    (["--gen-length", "30", "--block-length", "8"], "must be a multiple of --block-length (8); try --block-length=6"),
     (["--steps", "2", "--block-length", "16"], "at least the number of blocks"),
     (["--sampler", "nope"], "valid samplers"),
     (["--sampler", "saber:foo=1"], "valid options"),

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["README.md", "docs/dlm.md"]
-SECONDS = [re.compile(r"\d+\.\d+ s\]"), re.compile(r'"seconds": \d+(\.\d+)?')]
+SECONDS = [re.compile(r"\d+\.\d+ s\b"), re.compile(r'"seconds(_total)?": \d+(\.\d+)?')]
 
 
 def _blocks(path: str, lang: str) -> list[tuple[int, str]]:
@@ -97,3 +97,36 @@ def test_console_example_prints_what_the_doc_shows(text, capsys):
         shown = (captured.out + captured.err).rstrip("\n").splitlines()
         assert code == 0, (command, captured.err)
         assert [_normalise(s) for s in shown] == [_normalise(e) for e in expected], command
+
+
+def _readme_command_lines() -> list:
+    """Every `dlm ...` line of the README's bash blocks after the first two (the CI commands, run by
+    `.ci/run`): the command-line and own-model examples."""
+    lines = []
+    for line_no, block in _blocks("README.md", "bash")[2:]:
+        for offset, line in enumerate(block.splitlines()):
+            if line.startswith("dlm "):
+                lines.append(pytest.param(line, id=f"README.md:{line_no + offset + 1}"))
+    return lines
+
+
+def test_the_readme_has_command_lines_to_check():
+    assert len(_readme_command_lines()) >= 10
+
+
+@pytest.mark.parametrize("line", _readme_command_lines())
+def test_readme_command_lines_parse(line, monkeypatch):
+    """Each README command line names a real command and real flags with valid values (they load
+    models or run benchmarks, so they are parsed, not run; the runnable ones are console examples).
+    `--device cuda` is taken as valid here: the README shows it for GPU machines."""
+    from dlm.commands import _common
+
+    monkeypatch.setattr(_common, "device_value", str)
+    from dlm.cli import build_parser
+
+    argv = shlex.split(line, comments=True)
+    try:
+        args = build_parser().parse_args(argv[1:])
+    except SystemExit as exit_:
+        pytest.fail(f"{line!r} does not parse (exit {exit_.code})")
+    assert callable(getattr(args, "func", None)), line

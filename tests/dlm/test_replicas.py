@@ -300,13 +300,16 @@ def test_a_replica_too_large_for_the_device_fails_in_one_line(monkeypatch):
     one_layer = dlm.replica("dream-7b", device="meta")
     per_layer = build.parameter_bytes(one_layer.lm.model.layers, torch.float32) / 28
     rest = build.parameter_bytes(one_layer, torch.float32) - 28 * per_layer
-    free = int(rest + 5.5 * per_layer + build.HEADROOM_BYTES)
+    working = build.working_bytes(one_layer, torch.float32)
+    free = int(rest + 5.5 * per_layer + working + build.HEADROOM_BYTES)
     monkeypatch.setattr(build, "_free_bytes", lambda device: free)
     with pytest.raises(ReplicaTooLarge) as error:
         dlm.replica("dream-7b", device="cpu")
     message = str(error.value)
     assert "\n" not in message and isinstance(error.value, ValueError)
-    assert message.startswith("dream-7b replica needs 30.5 GB of weights (float32, 28 layers)")
+    more = (working + build.HEADROOM_BYTES) / 1e9
+    assert message.startswith(f"dream-7b replica needs 30.5 GB of weights (float32, 28 layers) and {more:.1f} GB "
+                              "more to build them and run one 512-token forward")
     assert "pass layers=5 or fewer" in message and error.value.fit_layers == 5
     monkeypatch.setattr(build, "_free_bytes", lambda device: 1000)
     with pytest.raises(ReplicaTooLarge, match="does not fit even with layers=1") as error:
@@ -350,7 +353,8 @@ def test_report_section_builds_what_fits(monkeypatch):
     for name in REPLICA_NAMES:
         model = dlm.replica(name, layers=2, device="meta", overrides=TINY_OVERRIDES[name])
         layer = build.parameter_bytes(build._decoder_layers(model), torch.float32) / 2
-        sizes[name] = build.parameter_bytes(model, torch.float32) - 2 * layer, layer
+        rest = build.parameter_bytes(model, torch.float32) - 2 * layer + build.working_bytes(model, torch.float32)
+        sizes[name] = rest, layer
     building = []
     monkeypatch.setattr(build, "load_shape", _recording(build.load_shape, building))
 

@@ -205,7 +205,7 @@ class MaskedRun:
         if stale is not None:
             block.forward.stale, block.forward.refresh_due = None, bool(rest.pop())
         if rest and rest[0]:
-            raise_nonfinite(int(rest[0]), block=block.index, step=block.step - 1)
+            raise_nonfinite(int(rest[0]), block=block.index, step=block.step - 1, dtype=self.plan.model_dtype)
         if masks_left <= 0:
             return False, None
         if flags is None:

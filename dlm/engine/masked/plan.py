@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from dlm.adapters import DLMAdapter
-from dlm.decoding_config import DEFAULT_GEN_LENGTH, DecodingConfig
+from dlm.decoding_config import DEFAULT_GEN_LENGTH, DecodingConfig, default_block_length
 from dlm.engine.masked.forward import resolve_kv_cache
 from dlm.engine.masked.inputs import check_input_ids, check_special_ids, check_prompt_ids
 from dlm.engine.schedule import validate_lengths
@@ -56,6 +56,12 @@ class MaskedPlan:
         return self.adapter.mask_token_id
 
     @property
+    def model_dtype(self) -> torch.dtype | None:
+        """The model's parameter dtype where it says (names the likely cause of non-finite logits)."""
+        dtype = getattr(self.adapter.model, "dtype", None)
+        return dtype if isinstance(dtype, torch.dtype) else None
+
+    @property
     def total_length(self) -> int:
         return self.prompt_length + self.gen_length
 
@@ -77,7 +83,7 @@ def plan_masked(model, input_ids: torch.Tensor, config: DecodingConfig, policy: 
         raise ValueError(f"sampler {policy.name!r} is an ensemble: call dlm.generate, which runs its experts")
     gen_length = DEFAULT_GEN_LENGTH if config.gen_length is None else config.gen_length
     steps = gen_length if config.steps is None else config.steps
-    block_length = gen_length if config.block_length is None else config.block_length
+    block_length = default_block_length(gen_length) if config.block_length is None else config.block_length
     num_blocks = validate_lengths(gen_length, block_length, steps)
     check_input_ids(input_ids, attention_mask)
     adapter = DLMAdapter.wrap(model, mask_token_id=config.mask_token_id, eos_token_id=config.eos_token_id,

@@ -146,7 +146,8 @@ class CanvasRun:
         del logits
         (bad_count,), flags = read_step_status([bad], rule.live_mask())
         if bad_count:
-            raise_nonfinite(bad_count, block=canvas.index, step=canvas.step, what="canvas")
+            raise_nonfinite(bad_count, block=canvas.index, step=canvas.step, what="canvas",
+                            dtype=getattr(self.cm.model, "dtype", None))
         live = rule.next_live([row for row, on in enumerate(flags) if on])
         canvas.in_model = None if live is not None and len(live) == self.batch else live
         canvas.used += 1 + extra
