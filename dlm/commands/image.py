@@ -114,11 +114,17 @@ def denoiser_steps(scheduler, steps: int) -> int:
 
 
 def run(args) -> int:
-    import torch
-    from tqdm.auto import tqdm
+    """`dlm image`: check the arguments, set up the pipeline, sample (or search), write and report."""
+    requested, out_dir, cache_config = _checked(args)
+    pipe, solver = _pipeline(args, cache_config)
+    images, nfe, search_info = _sample(args, pipe, requested)
+    summary = _write(args, images, requested, solver, out_dir, nfe, search_info)
+    _report(args, summary, out_dir)
+    return 0
 
-    from dlm.image.digits_model import labeled_grid, load_digits_pipeline, to_pil
 
+def _checked(args):
+    """Every mistake that needs no model, before any work: `(requested digits, out_dir, cache_config)`."""
     digits = parse_digit_list(args.digits)
     n = args.num_samples or len(digits)
     requested = [digits[i % len(digits)] for i in range(n)]
@@ -126,14 +132,20 @@ def run(args) -> int:
         raise ValueError("--budget needs --search random|zero-order|paths")
     if not 0.0 <= args.guidance <= 50.0:
         raise ValueError(f"--guidance must be in [0, 50], got {args.guidance}")
-    out_dir = check_output_dir(args.out)  # before any work
-
+    out_dir = check_output_dir(args.out)
     cache_config = None
     if args.cache is not None:  # parsed before loading anything: a bad spec fails fast
         import caching
 
         # DigitsPipeline batches the conditional half first (T-GATE keeps that half after its gate)
         cache_config = caching.parse_spec(args.cache, cond_index=0)
+    return requested, out_dir, cache_config
+
+
+def _pipeline(args, cache_config):
+    """The digits pipeline with the solver (checked against --steps) and the cache applied: `(pipe, solver)`."""
+    from dlm.image.digits_model import load_digits_pipeline
+
     solver = args.solver or ("ddim" if "ddim" in solver_names() else "diffusers-ddim")
     quiet_diffusers()
     pipe = load_digits_pipeline()
@@ -150,37 +162,51 @@ def run(args) -> int:
         if args.search is None:  # forecast: count its schedule back from the run's last step (ForecastConfig.num_steps)
             cache_config = caching.parse_spec(args.cache, cond_index=0, num_steps=denoiser_steps(pipe.scheduler, args.steps))
         caching.apply(pipe, cache_config)
+    return pipe, solver
+
+
+def _sample(args, pipe, requested):
+    """`(images [N, C, H, W], nfe, search summary or None)`: one batched denoising, or a noise search per image."""
+    import torch
+    from tqdm.auto import tqdm
+
     gen = torch.Generator().manual_seed(args.seed)
-    labels = torch.tensor(requested)
+    if args.search is not None:
+        return _search(args, pipe, requested, gen)
+    bar = tqdm(total=args.steps, desc="dlm image", unit="step", file=sys.stderr,
+               disable=not show_progress(args.progress), leave=False)
+    out = pipe(digits=torch.tensor(requested), num_inference_steps=args.steps, guidance_scale=args.guidance,
+               generator=gen, callback=lambda i, total: bar.update(1))
+    bar.close()
+    return out.images, out.nfe, None
 
-    search_info = None
-    if args.search is None:
-        bar = tqdm(total=args.steps, desc="dlm image", unit="step", file=sys.stderr,
-                   disable=not show_progress(args.progress), leave=False)
-        out = pipe(digits=labels, num_inference_steps=args.steps, guidance_scale=args.guidance, generator=gen,
-                   callback=lambda i, total: bar.update(1))
-        bar.close()
-        images, nfe = out.images, out.nfe
-    else:
-        from samplers.search.noise_search import run_search
-        from dlm.image.digits_classifier import digits_verifier
 
-        one = pipe.denoiser(0, args.steps, args.guidance).num_steps  # NFE of one full denoising
-        budget = args.budget if args.budget is not None else 8 * one
-        if budget < one:
-            raise ValueError(f"--budget {budget} is below one full denoising ({one} NFE at --steps {args.steps})")
-        results = []
-        for d in tqdm(requested, desc=f"{args.search} search", unit="image", file=sys.stderr,
-                      disable=not show_progress(args.progress), leave=False):
-            den = pipe.denoiser(d, args.steps, args.guidance)
-            results.append(run_search(args.search, den, digits_verifier(d), budget_nfe=budget, generator=gen))
-        images = torch.stack([r.best_sample for r in results]).clamp(-1, 1)
-        nfe = sum(r.nfe for r in results)
-        search_info = {"method": args.search, "budget_nfe_per_image": budget, "verifier": "digits-cnn",
-                       "best_scores": [round(r.best_score, 4) for r in results],
-                       "nfe_per_image": [r.nfe for r in results]}
+def _search(args, pipe, requested, gen):
+    import torch
+    from tqdm.auto import tqdm
 
+    from dlm.image.digits_classifier import digits_verifier
+    from samplers.search.noise_search import run_search
+
+    one = pipe.denoiser(0, args.steps, args.guidance).num_steps  # NFE of one full denoising
+    budget = args.budget if args.budget is not None else 8 * one
+    if budget < one:
+        raise ValueError(f"--budget {budget} is below one full denoising ({one} NFE at --steps {args.steps})")
+    results = []
+    for d in tqdm(requested, desc=f"{args.search} search", unit="image", file=sys.stderr,
+                  disable=not show_progress(args.progress), leave=False):
+        den = pipe.denoiser(d, args.steps, args.guidance)
+        results.append(run_search(args.search, den, digits_verifier(d), budget_nfe=budget, generator=gen))
+    images = torch.stack([r.best_sample for r in results]).clamp(-1, 1)
+    info = {"method": args.search, "budget_nfe_per_image": budget, "verifier": "digits-cnn",
+            "best_scores": [round(r.best_score, 4) for r in results], "nfe_per_image": [r.nfe for r in results]}
+    return images, sum(r.nfe for r in results), info
+
+
+def _write(args, images, requested, solver, out_dir, nfe, search_info) -> dict:
+    """Each image, the captioned grid (what the classifier reads), and the run's summary."""
     from dlm.image.digits_classifier import load_digits_classifier
+    from dlm.image.digits_model import labeled_grid, to_pil
 
     predicted = load_digits_classifier("cnn").predict(images).tolist()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -193,17 +219,20 @@ def run(args) -> int:
     title = f"{solver}, {args.steps} steps, guidance {args.guidance:g}" + (f", {args.search} search" if args.search else "")
     captions = [f"asked {d} / got {p}" for d, p in zip(requested, predicted)]
     labeled_grid(images, captions, title, scale=max(args.scale, 12)).save(grid_path)
-    summary = {
+    return {
         "solver": solver, "cache": args.cache, "steps": args.steps, "guidance": args.guidance, "seed": args.seed,
         "digits": requested, "predicted": predicted,
-        "accuracy": sum(int(p == d) for p, d in zip(predicted, requested)) / n,
+        "accuracy": sum(int(p == d) for p, d in zip(predicted, requested)) / len(requested),
         "nfe": nfe, "nfe_unit": "model calls (batched)" if search_info is None else "per-image model evaluations",
         "files": files, "grid": str(grid_path), "search": search_info,
     }
+
+
+def _report(args, summary: dict, out_dir) -> None:
     if args.json:
         print(json.dumps(summary))
-    else:
-        print(f"wrote {len(files)} images and {grid_path} to {out_dir}/")
-        print(f"solver {solver}, {args.steps} steps, guidance {args.guidance}: NFE {nfe} ({summary['nfe_unit']})")
-        print(f"classifier reads {summary['accuracy']:.0%} of them as the requested digit")
-    return 0
+        return
+    print(f"wrote {len(summary['files'])} images and {summary['grid']} to {out_dir}/")
+    print(f"solver {summary['solver']}, {args.steps} steps, guidance {args.guidance}: NFE {summary['nfe']} "
+          f"({summary['nfe_unit']})")
+    print(f"classifier reads {summary['accuracy']:.0%} of them as the requested digit")

@@ -174,8 +174,12 @@ class _NoNetwork:
 
 
 def test_hub_id_offline_fails_at_once_without_retries(monkeypatch):
+    from huggingface_hub import constants
+
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
+    # huggingface_hub reads HF_HUB_OFFLINE once, when first imported: a test that set it then would leave it on
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     net = _NoNetwork(monkeypatch)
     with pytest.raises(ValueError, match="cannot be reached and it is not in the local Hugging Face cache"):
         dlm.load("no-such-owner/no-such-model")
