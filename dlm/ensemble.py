@@ -124,7 +124,9 @@ def hex_generate(model, input_ids: torch.Tensor, *, gen_length: int | None = DEF
     clash = sorted({"block_length", "sampler", "sampler_config"} & set(generate_kwargs))
     if clash:
         raise ValueError(f"hex_generate sets {clash} per expert; set them in HexConfig instead")
-    attention_mask = generate_kwargs.pop("attention_mask", None)
+    from dlm.inputs import check_generate_inputs
+
+    input_ids, attention_mask = check_generate_inputs(model, input_ids, generate_kwargs.pop("attention_mask", None))
     decoding = DecodingConfig(gen_length=gen_length, steps=steps, **generate_kwargs)
     return _run_experts(model, family_of(model), input_ids, decoding, config, extract, attention_mask, callback,
                         return_trace)

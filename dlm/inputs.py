@@ -48,6 +48,8 @@ def _token_ids(input_ids) -> torch.Tensor:
     if input_ids.dim() != 2:
         hint = "; add the batch dimension: input_ids.unsqueeze(0)" if input_ids.dim() == 1 else ""
         raise ValueError(f"input_ids must be [batch, prompt_length], got shape {tuple(input_ids.shape)}{hint}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is empty: give a prompt of at least one token")
     return input_ids.long()  # value-preserving for every dtype above; a no-op (same tensor) for long
 
 

@@ -7,16 +7,6 @@ import torch
 from dlm.adapters import DLMAdapter
 
 
-def check_input_ids(input_ids, attention_mask) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
-        raise ValueError("input_ids must be a [batch, prompt_length] torch.long tensor")
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids is empty: give a prompt of at least one token")
-    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape):
-        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-        raise ValueError(f"attention_mask shape {shape} must equal input_ids shape {tuple(input_ids.shape)}")
-
-
 def full_attention_mask(attention_mask, gen_length):
     """Extend a prompt attention mask over the generation; None when nothing is padded.
 

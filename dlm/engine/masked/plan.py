@@ -14,7 +14,7 @@ import torch
 from dlm.adapters import DLMAdapter
 from dlm.decoding_config import DEFAULT_GEN_LENGTH, DecodingConfig, default_block_length
 from dlm.engine.masked.forward import resolve_kv_cache
-from dlm.engine.masked.inputs import check_input_ids, check_special_ids, check_prompt_ids
+from dlm.engine.masked.inputs import check_prompt_ids, check_special_ids
 from dlm.engine.schedule import validate_lengths
 from samplers import Sampler
 
@@ -85,7 +85,6 @@ def plan_masked(model, input_ids: torch.Tensor, config: DecodingConfig, policy: 
     steps = gen_length if config.steps is None else config.steps
     block_length = default_block_length(gen_length) if config.block_length is None else config.block_length
     num_blocks = validate_lengths(gen_length, block_length, steps)
-    check_input_ids(input_ids, attention_mask)
     adapter = DLMAdapter.wrap(model, mask_token_id=config.mask_token_id, eos_token_id=config.eos_token_id,
                               shift_logits=config.shift_logits)
     kv_cache = _resolved_cache(config, adapter, policy)

@@ -172,16 +172,8 @@ def _id_list(value) -> list[int] | None:
 
 
 def _check_prompt(input_ids, attention_mask, vocab_size: int) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
-        raise ValueError("input_ids must be a [batch, prompt_length] torch.long tensor")
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids is empty: give a prompt of at least one token")
+    """Token ids inside the vocabulary (the shapes, dtypes and mask values: `dlm.inputs`)."""
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= vocab_size:
         raise ValueError(f"input_ids contains token id {low if low < 0 else high}, outside the model's vocabulary "
                          f"(0..{vocab_size - 1}); encode the prompt with the model's tokenizer")
-    if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}")
-        if not bool(attention_mask.bool().any(dim=1).all()):
-            raise ValueError("a row of attention_mask is all zeros: give every row at least one prompt token")
