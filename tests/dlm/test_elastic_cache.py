@@ -66,7 +66,8 @@ def test_above_one_every_step_is_a_full_forward_with_the_uncached_tokens():
 
 def test_never_refreshing_follows_the_cache_schedule_exactly():
     """Threshold 0: one full forward (the first block), then per block an extension from the previous
-    block's start less the probes, and per step the block and its probes: forward tokens by count."""
+    block's start less the probes, and per step the block and its probes (in the first block, the end
+    of the prompt, which attends to the response here): forward tokens by count."""
     model = _replica()
     B, P, G, Lb, steps, probe = 2, 9, 48, 16, 48, 4
     ids = torch.randint(0, 290, (B, P), generator=torch.Generator().manual_seed(1))
@@ -74,10 +75,10 @@ def test_never_refreshing_follows_the_cache_schedule_exactly():
                        cache_drift_threshold=0.0, cache_drift_probe=probe, eos_early_stop=False, return_trace=True)
     L, per_block = P + G, steps // (G // Lb)
     expected = B * L  # block 0, step 0: full
-    expected += (per_block - 1) * B * Lb  # block 0's window steps: no cached response before it, no probe
+    expected += (per_block - 1) * B * (Lb + probe)  # block 0's window steps: the prompt's last positions probed
     for block in range(1, G // Lb):
         start = P + block * Lb
-        lo = max(P, start - Lb - probe)  # extension from the previous block's start, less the probes
+        lo = max(0, start - Lb - probe)  # extension from the previous block's start, less the probes
         expected += B * (L - lo) + (per_block - 1) * B * (Lb + probe)
     assert out.forward_tokens == expected
     assert [t.full_forward for t in out.trace].count(True) == G // Lb  # block 0's forward and the 2 extensions

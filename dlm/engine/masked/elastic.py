@@ -9,8 +9,10 @@ Fast-dLLM's prefix and dual caches refresh on a fixed schedule: a full forward a
   cache (recomputing the block just finished and what follows it), as `cache_across_blocks` does, not by
   a full forward;
 - the drift test: each of those calls also recomputes the `probe` cached positions just before the
-  window (the end of what was finished last, the cached positions nearest the tokens decoded since they
-  were cached, where a bidirectional model's K/V move most), at no extra pass, and compares their fresh
+  window (the end of what was finished last, or of the prompt in the first block: the cached positions
+  nearest the tokens decoded since they were cached, where a bidirectional model's K/V move most; never
+  the prompt of a model whose prompt is blind to the response, whose K/V cannot drift), at no extra
+  pass, and compares their fresh
   keys with the cached ones layer by layer. When the smallest cosine similarity (over rows, heads and
   probe positions) of any layer's keys or values falls below `threshold` (0.999 by default: the
   paper's gamma of 0.9 is a similarity of attention weights, and K/V similarities sit far closer to 1,
@@ -52,8 +54,8 @@ class DriftTest:
 
     def probe_start(self, window_start: int, first_allowed: int) -> int:
         """Where a window that starts at `window_start` begins once it takes the probes: at most
-        `probe` positions earlier, never before `first_allowed` (the response's first position:
-        a prompt blind to the response must not be queried against it)."""
+        `probe` positions earlier, never before `first_allowed` (0, or the response's first position
+        for a prompt blind to the response, which must not be queried against it)."""
         return max(first_allowed, window_start - self.probe)
 
     def stale(self, cached, fresh, lo: int, hi: int) -> torch.Tensor:

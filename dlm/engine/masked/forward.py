@@ -107,7 +107,7 @@ class KVCachedForward:
             return self._response_start(), length
         shift = 1 if self.adapter.shift_logits else 0
         if self.drift is not None:
-            return self.drift.probe_start(start - shift, self._response_start()), end
+            return self.drift.probe_start(start - shift, self._first_probe()), end
         return start - shift, (length if self.mode == "prefix" else end)
 
     def _elastic_window(self, x, start: int, end: int, mask, pos, in_model) -> tuple[torch.Tensor, int]:
@@ -122,6 +122,13 @@ class KVCachedForward:
         self.cache, self.cache_rows, self._repeated = fresh, in_model, None
         self.forward_tokens += x.shape[0] * (hi - lo)
         return raw, lo
+
+    def _first_probe(self) -> int:
+        """The first position the elastic cache may probe: any, for a model whose prompt attends to the
+        response (its prompt's K/V drift as the response is decoded, the first block's included); the
+        response's first, for a prompt blind to the response (its K/V never drift, and a windowed
+        query there would wrongly see the response)."""
+        return self._response_start() if self.adapter.prompt_ignores_response else 0
 
     def _response_start(self) -> int:
         """First position whose logits the response needs (one earlier for shifted models): where
@@ -150,7 +157,7 @@ class KVCachedForward:
         cache, lo = self.carried
         block_lo = lo
         if self.drift is not None:  # the elastic cache also recomputes and tests its probes
-            lo = self.drift.probe_start(lo, self._response_start())
+            lo = self.drift.probe_start(lo, self._first_probe())
         raw, new_cache = self.adapter.extend(x, cache, lo, mask, pos)
         if new_cache is None:
             raise RuntimeError("the model returned no past_key_values although it declares KV-cache support")
