@@ -61,6 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
+from dlm.bench import lossless_counts  # noqa: E402
+
 BASES = ("confidence", "margin", "entropy", "threshold", "eb")
 PARALLEL = ("threshold", "eb")  # bases that commit several tokens per step on their own
 DEPTHS = (2, 4, 8)
@@ -91,20 +93,16 @@ def add(total: dict, counts: dict) -> dict:
 
 def verification_passes(counts: dict, depth: int) -> int:
     """V: a verification pass adds 1 to nfe and `depth` to branch forwards; a plain pass 1 to each."""
-    extra = counts["branch"] - counts["nfe"]
-    if extra % (depth - 1):
-        raise ValueError(f"branch forwards - nfe = {extra} is not a multiple of depth - 1 = {depth - 1}")
-    return extra // (depth - 1)
+    return lossless_counts.verification_passes(counts["nfe"], counts["branch"], depth)
 
 
 def derived(base: dict, lossless: dict, depth: int) -> dict:
     """What a lossless run's counts mean against its base's over the same calls (see the module docstring)."""
     v = verification_passes(lossless, depth)
-    unverified = lossless["rounds"] - v  # rounds that committed one base step without a pass
     return {
         "forward_ratio": base["nfe"] / lossless["nfe"],
         "verification_passes": v, "plain_passes": lossless["nfe"] - v,
-        "acceptance": (lossless["steps"] - unverified) / v if v else None,
+        "acceptance": lossless_counts.acceptance(lossless["steps"], lossless["rounds"], v),
         "steps_per_forward": lossless["steps"] / lossless["nfe"],
         "branch_per_call": lossless["branch"] / lossless["calls"],
         "forward_tokens_per_token": lossless["forward_tokens"] / lossless["gen_tokens"],
@@ -234,13 +232,9 @@ def run_call(row: dict, ids, mask, kv: str, base: str, depth: int | None):
     """One `dlm.generate` call: the base (`depth` None) or lossless over it. Returns `(sequences, counts)`."""
     import dlm
 
-    rounds = set()
-
-    def seen(trace):
-        rounds.add((trace.block, trace.step))
-
+    rounds = lossless_counts.RoundCounter()
     kw = dict(gen_length=row["gen"], block_length=row["block"], steps=row["gen"], kv_cache=kv, attention_mask=mask,
-              mask_token_id=row["mask"], callback=seen, temperature=0.0)
+              mask_token_id=row["mask"], callback=rounds, temperature=0.0)
     if row["eos"] is not None:
         kw["eos_token_id"] = row["eos"]
     if depth is None:
@@ -250,7 +244,7 @@ def run_call(row: dict, ids, mask, kv: str, base: str, depth: int | None):
     started = time.perf_counter()
     out = dlm.generate(row["model"], ids, sampler=sampler, sampler_config=config, **kw)
     seconds = time.perf_counter() - started
-    return out, call_counts(out, ids.shape[0], row["gen"], len(rounds), seconds)
+    return out, call_counts(out, ids.shape[0], row["gen"], rounds.rounds, seconds)
 
 
 def measure_setting(row: dict, base: str, kv: str, batch: int, depths=DEPTHS, bar=None,
