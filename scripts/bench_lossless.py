@@ -4,6 +4,7 @@ masked bed we have, in one run; token identity, sequential forwards, their price
     python scripts/bench_lossless.py --out runs/bench-lossless            # every bed (CPU, one thread: ~1 h)
     python scripts/bench_lossless.py --out runs/l --beds chains-hard      # one bed
     python scripts/bench_lossless.py --report runs/bench-lossless          # the tables and plot again, from the JSON
+    python scripts/bench_lossless.py --report runs/a --merge runs/b        # one table from two runs over other beds
     python scripts/bench_lossless.py --smoke --out runs/smoke              # the tests' tiny run (seconds)
 
 Beds (rows): the tiny-dlm suites (list_edits, arithmetic, puzzles; test split), chains on tiny-dlm-chains and
@@ -467,9 +468,9 @@ def markdown(data: dict, table: dict) -> str:
     lines = targets(table)
     if lines:
         out += ["", "Target: >= 2x fewer sequential forwards at depth 4 (`confidence`, one token per step):", ""] + lines
+    merged = "".join(f"; merged with `{c}`" for c in meta.get("merged", []))
     out += ["", f"Prompts per task: {meta['limit']}; threads: {meta['threads']}; seconds: {meta.get('seconds', 0):.0f}"
-            f"{' (partial run)' if data.get('partial') else ''}; "
-            f"command: `{meta['command']}`."]
+            f"{' (partial run)' if data.get('partial') else ''}; command: `{meta['command']}`{merged}."]
     return "\n".join(out)
 
 
@@ -550,11 +551,28 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (the tests): one prompt per task, two bases")
     ap.add_argument("--report", metavar="DIR", help="rewrite the tables and plot from DIR/lossless.json")
+    ap.add_argument("--merge", metavar="DIR", action="append", default=[],
+                    help="with --report: first add the rows of DIR/lossless.json (a run split into processes over "
+                         "disjoint --beds, same bases, depths and sizes); its rows replace DIR's rows of the same name")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    if args.merge and not args.report:
+        print("error: --merge needs --report", file=sys.stderr)
+        return 2
     if args.report:
         out = Path(args.report)
-        print(write(out, json.loads((out / "lossless.json").read_text())))
+        data = json.loads((out / "lossless.json").read_text())
+        for other in args.merge:
+            extra = json.loads((Path(other) / "lossless.json").read_text())
+            same = ("bases", "depths", "limit", "batch_size", "time_prompts", "repeats", "threads")
+            if any(extra["meta"][k] != data["meta"][k] for k in same):
+                print(f"error: {other} ran with other settings ({', '.join(same)} must match)", file=sys.stderr)
+                return 2
+            data["rows"].update(extra["rows"])
+            data["meta"]["seconds"] = data["meta"].get("seconds", 0) + extra["meta"].get("seconds", 0)
+            data["meta"].setdefault("merged", []).append(extra["meta"]["command"])
+            data["partial"] = bool(data.get("partial") or extra.get("partial"))
+        print(write(out, data))
         return 0
     try:
         depths = [int(d) for d in args.depths.split(",") if d.strip()]
