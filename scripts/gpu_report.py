@@ -10,7 +10,8 @@ Writes report.json (every number), report.md (the tables and the targets marked 
 (the progress lines, and the stacks of a hung section) to --out. Sections run in this order, safest and most
 valuable first, each a module of `dlm/bench/gpu/`: machine (copy bandwidth and matmul rate: the floors'
 denominators), replica_forward (each replica's forward vs its weight-streaming floor), engine_masked (LLaDA-8B
-through `dlm.generate`), engine_uniform (DiffusionGemma-26B-A4B, beside transformers' generate),
+through `dlm.generate`), engine_lossless (`lossless:base=confidence` beside `confidence` on LLaDA-8B at batch 1),
+engine_uniform (DiffusionGemma-26B-A4B, beside transformers' generate),
 autoregressive (transformers' generate on a causal Llama of LLaDA-8B's shape, beside our engine), kernels
 (the fused decoding statistics, the first Triton launch), video (a Wan2.1-1.3B-shaped DiT with and without
 `video.streamline`), extras (compile, CUDA-graph replays, transformers' compiled generate, diffusers'
@@ -42,11 +43,11 @@ _t0 = STARTED  # the run's start: STARTED as a script, the call of `main` otherw
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SECTIONS = ("machine", "replica_forward", "engine_masked", "engine_uniform", "autoregressive", "kernels", "video",
-            "extras")
+SECTIONS = ("machine", "replica_forward", "engine_masked", "engine_lossless", "engine_uniform", "autoregressive",
+            "kernels", "video", "extras")
 BUDGET_S = 330.0
 HARD_EXTRA_S = 45.0  # past the budget: the longest a started part may overrun its minimum
-HANG_S = {"machine": 60, "replica_forward": 150, "engine_masked": 120, "engine_uniform": 150,
+HANG_S = {"machine": 60, "replica_forward": 150, "engine_masked": 120, "engine_lossless": 90, "engine_uniform": 150,
           "autoregressive": 120, "kernels": 90, "video": 120, "extras": 240}
 SMOKE_NOTE = "n/a (smoke)"
 

@@ -339,3 +339,35 @@ def test_compare_by_suite_picks_each_suites_own_operating_point():
     assert a["ours"]["confidence"]["wall_ratio"] == pytest.approx(12.0)
     assert b["quality"] == 40.0 and b["ours"]["confidence"]["budget"] == 64  # 8 steps is too poor on b
     assert b["ours"]["confidence"]["wall_ratio"] == pytest.approx(18.0 / 5.0)
+
+
+@pytest.fixture
+def keep_threads():
+    """`--threads 1` sets torch's process-wide thread count: restored after the test."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_bench_runs_lossless_beside_its_base_at_equal_quality(tmp_path, capsys, keep_threads):
+    """`lossless:base=confidence` is a sampler entry like the others: on the trained model it gives its
+    base's outputs (so its quality, by construction) in fewer forward passes per sequence, and its
+    verification rows show as branch forwards. Also on an oracle suite (greedy there)."""
+    rc = main(["bench", "--model", "tiny-dlm", "--suite", "reverse", "--samplers",
+               "confidence,lossless:base=confidence", "--steps", "64",
+               "--limit", "3", "--batch-size", "1", "--threads", "1", "--out", str(tmp_path / "tiny"), "--no-plots", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    pairs = {p["sampler"]: p for p in json.loads((tmp_path / "tiny" / "results.json").read_text())["pairs"]}
+    base = pairs["confidence"]
+    assert base["quality"] > 50  # the trained model: a quality that could differ
+    pair = pairs["lossless:base=confidence"]
+    assert pair["quality_by_task"] == base["quality_by_task"]
+    assert [s["output"] for s in pair["samples"]] == [s["output"] for s in base["samples"]]
+    assert pair["nfe"] < base["nfe"] and pair["branch_forwards"] > pair["nfe"]
+    rc = main(["bench", "--suite", "oracle-schedules", "--samplers", "confidence,lossless:base=confidence:depth=4",
+               "--steps", "32", "--limit", "6", "--threads", "1", "--out", str(tmp_path / "oracle"), "--no-plots", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    base, lossless = json.loads(captured.out)["pairs"]
+    assert lossless["quality"] == base["quality"] and lossless["nfe"] < base["nfe"]

@@ -40,6 +40,13 @@ def test_smoke_runs_every_section_in_the_safe_order(smoke):
         assert "error" not in result and set(result) != {"skipped"} and not result.get("partial"), name
     masked, uniform = data["sections"]["engine_masked"], data["sections"]["engine_uniform"]
     assert [r["batch"] for r in masked["rows"]] == [1, 2] and not any(r["compile"] for r in masked["rows"])
+    assert report.SECTIONS.index("engine_lossless") == report.SECTIONS.index("engine_masked") + 1
+    lossless = data["sections"]["engine_lossless"]  # CPU: a row's logits do not depend on the batch shape
+    base, mine = lossless["rows"]["confidence"], lossless["rows"]["lossless"]
+    assert lossless["identical_tokens"] and base["nfe"] == base["steps"] == lossless["budget"]["steps"]
+    assert mine["steps"] == base["nfe"] and mine["nfe"] < base["nfe"] and 1 < mine["acceptance"] <= lossless["depth"]
+    assert mine["branch_forwards"] == mine["plain_passes"] + lossless["depth"] * mine["verification_passes"]
+    assert lossless["nfe_ratio"] == base["nfe"] / mine["nfe"] and lossless["expected_gain"]["gain"] > 0
     assert [r["batch"] for r in uniform["rows"]] == [1, 2]
     for r in uniform["rows"]:  # the tiny replica on CPU: our tokens are transformers', and each is deterministic
         ident = r["identity"]
@@ -61,14 +68,15 @@ def test_smoke_runs_every_section_in_the_safe_order(smoke):
     assert all("enqueue_ms" in row for row in forward["llada-8b"]["rows"] if row["batch"] == 1)
     names = {t["name"] for t in data["targets"]}
     assert {"llada_overhead", "dgemma_sampler_share", "dgemma_transient", "dgemma_identical", "llada_prefix_floor",
-            "dgemma_floor", "bandwidth", "memory", "time", "identical", "dllm_vs_autoregressive"} <= names
+            "dgemma_floor", "bandwidth", "memory", "time", "identical", "dllm_vs_autoregressive", "lossless_time_ratio",
+            "lossless_identical"} <= names
     # CPU numbers at toy size judge nothing: every target reads n/a (smoke), in the table and in the sections
     assert all(t["met"] is None and t["note"] == "n/a (smoke)" for t in data["targets"])
     table = [line.split(" | ") for line in md.split("## Targets")[1].split("\n## ")[0].splitlines()
              if line.startswith("| ") and not line.startswith("| section")]
     assert len(table) == len(data["targets"]) and all(cells[3] == "n/a (smoke)" for cells in table)
     assert "**not met**" not in md and ": met" not in md  # nor in the sections' own lists (video)
-    assert "## engine_uniform" in md and "## autoregressive" in md and "== extras" in log
+    assert "## engine_uniform" in md and "## autoregressive" in md and "## engine_lossless" in md and "== extras" in log
 
 
 def test_targets_are_read_as_the_issues_state_them():
@@ -108,6 +116,18 @@ def test_targets_are_read_as_the_issues_state_them():
     # a peak below the logits' own size is a measurement that missed them, not a transient that is met
     rows[0]["transient_beyond_logits_per_request_bytes"] = -3e4
     assert engine_uniform.targets({"rows": rows})["dgemma_transient"]["met"] is None
+
+    from dlm.bench.gpu import engine_lossless
+
+    def lossless(identical, position=None):
+        return engine_lossless.targets({"time_ratio": 1.4, "nfe_ratio": 2.1, "expected_gain": {"gain": 1.9},
+                                        "identical_tokens": identical, "first_differing_position": position})
+    t = lossless(True)
+    assert t["lossless_time_ratio"]["met"] is None and t["lossless_time_ratio"]["value"] == 1.4  # no bar
+    assert "nfe ratio 2.10, cost model 1.90" in t["lossless_time_ratio"]["note"]
+    assert t["lossless_identical"]["met"] is True
+    t = lossless(False, 37)  # batched verification rows rounded a near-tie the other way
+    assert t["lossless_identical"]["met"] is False and "first differing position 37" in t["lossless_identical"]["note"]
 
 
 def test_agreement_counts_equal_tokens_and_finds_the_first_differing_step():
