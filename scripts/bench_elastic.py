@@ -33,7 +33,6 @@ Outside the band and positive: elastic is better at no more cost; negative: a fi
 
 Writes results.json, results.md and quality_vs_forward_tokens.png under --out.
 """
-from __future__ import annotations
 
 import argparse
 import copy
