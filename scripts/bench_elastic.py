@@ -8,7 +8,8 @@ Every setting decodes the same prompts with the same sampler and budget as `kv_c
 - fixed caches (Fast-dLLM's schedules): "prompt", "prefix", "dual", both with `cache_across_blocks`,
   "dual" with `cache_refresh_every` k;
 - the elastic cache (`dlm.engine.masked.elastic`) over a grid of `cache_drift_threshold` x
-  `cache_drift_probe`, and threshold 0 (never refresh: the cheapest elastic setting).
+  `cache_drift_probe`, and threshold 0 (a refresh only where a key or value turns by more than 90 degrees:
+  the cheapest elastic setting, close to never refreshing).
 
 Beds, where the fixed caches are approximations:
 - `replica-2`, `replica-4`: random LLaDA-shaped models (`dlm.replica("llada-8b", layers=...)`, 64 wide)
@@ -72,13 +73,13 @@ class Setting:
         return kw
 
 
-def settings(thresholds: list[float], probes: list[int], refreshes: list[int], never_probe: int | None) -> list[Setting]:
-    """The reference, the fixed caches and the elastic grid (plus threshold 0 at `never_probe`, if given)."""
+def settings(thresholds: list[float], probes: list[int], refreshes: list[int], zero_probe: int | None) -> list[Setting]:
+    """The reference, the fixed caches and the elastic grid (plus threshold 0 at `zero_probe`, if given)."""
     out = [Setting("none", "none"), Setting("prompt", "prompt"), Setting("prefix", "prefix"), Setting("dual", "dual"),
            Setting("prefix xblock", "prefix", across=True), Setting("dual xblock", "dual", across=True)]
     out += [Setting(f"dual refresh={k}", "dual", refresh=k) for k in refreshes]
-    if never_probe is not None:
-        out.append(Setting(f"elastic never p={never_probe}", "elastic", threshold=0.0, probe=never_probe))
+    if zero_probe is not None:
+        out.append(Setting(f"elastic 0 p={zero_probe}", "elastic", threshold=0.0, probe=zero_probe))
     out += [Setting(f"elastic {t:g} p={p}", "elastic", threshold=t, probe=p) for t in thresholds for p in probes]
     return out
 
@@ -140,8 +141,9 @@ class ReplicaBed:
     metric = "token agreement with kv_cache='none' (%)"
 
     def __init__(self, layers: int, seeds: int, prompts: int, prompt_length: int, gen_length: int,
-                 block_length: int, head_scale: float):
-        self.name = f"replica-{layers}"
+                 block_length: int, head_scale: float, batch_size: int = 0):
+        self.name = f"replica-{layers}" + (f" batch {batch_size}" if batch_size else "")
+        self.batch_size = batch_size or prompts  # rows per call: a refresh is decided for the whole call
         self.layers, self.seeds, self.prompts, self.head_scale = layers, seeds, prompts, head_scale
         self.prompt_length, self.gen_length, self.block_length = prompt_length, gen_length, block_length
         self._models = [replica_model(layers, s, head_scale) for s in range(seeds)]
@@ -151,14 +153,16 @@ class ReplicaBed:
     def describe(self) -> dict:
         return dict(model=f'dlm.replica("llada-8b", layers={self.layers}) 64 wide, head x{self.head_scale:g}',
                     units=self.seeds, prompts_per_unit=self.prompts, prompt_length=self.prompt_length,
-                    gen_length=self.gen_length, block_length=self.block_length, eos_early_stop=False)
+                    gen_length=self.gen_length, block_length=self.block_length, eos_early_stop=False,
+                    batch_size=self.batch_size)
 
     def run(self, setting: Setting, sampler: str, steps: int) -> Measured:
         m = Measured(quality=[])
         for model, ids in zip(self._models, self._ids):
-            out = _generate(model, ids, None, setting, sampler, steps, self.gen_length, self.block_length,
-                            eos_early_stop=False, into=m)
-            m.outputs.append(out.sequences[:, self.prompt_length:])
+            outs = [_generate(model, ids[i: i + self.batch_size], None, setting, sampler, steps, self.gen_length,
+                              self.block_length, eos_early_stop=False, into=m).sequences
+                    for i in range(0, ids.shape[0], self.batch_size)]
+            m.outputs.append(torch.cat(outs)[:, self.prompt_length:])
         return m
 
     def warm_up(self, sampler: str) -> None:
@@ -193,7 +197,7 @@ class TaskBed:
         from dlm.bench.harness import collect_examples, encoded_suite_batches, load_model, resolve_suite
         from dlm.tasks import get_suite, suite_gen_length
 
-        self.name, self.model_name, self.suite, self.limit = name, model_name, suite, limit
+        self.name, self.model_name, self.suite, self.limit, self.batch_size = name, model_name, suite, limit, batch_size
         self.model, self.tokenizer, ids = load_model(model_name)
         self.eos_id, pad = ids["eos_token_id"], ids["pad_token_id"]
         self.tasks = {t.name: t for t in get_suite(suite)}
@@ -205,7 +209,7 @@ class TaskBed:
 
     def describe(self) -> dict:
         return dict(model=self.model_name, suite=self.suite, units=self.prompts, prompts_per_task=self.limit,
-                    gen_length=self.gen_length, block_length=self.block_length, eos_early_stop=True,
+                    gen_length=self.gen_length, block_length=self.block_length, eos_early_stop=True, batch_size=self.batch_size,
                     prompt_attends_response=bool(getattr(self.model.config, "prompt_attends_response", True)))
 
     def run(self, setting: Setting, sampler: str, steps: int) -> Measured:
@@ -347,7 +351,7 @@ def build_beds(args) -> list:
     for name in args.beds:
         if name.startswith("replica-"):
             beds.append(ReplicaBed(int(name.split("-")[1]), args.seeds, args.prompts, args.prompt_length,
-                                   args.gen_length, args.block_length, args.head_scale))
+                                   args.gen_length, args.block_length, args.head_scale, args.replica_batch))
         elif name == "chains":
             beds.append(TaskBed("chains", "tiny-dlm-chains", "chains", args.limit, args.task_block_length, args.batch_size))
         elif name == "sum":
@@ -364,13 +368,15 @@ def parse_args(argv=None):
     p.add_argument("--task-samplers", default=None, help="samplers of the task beds (default: --samplers)")
     p.add_argument("--thresholds", default="0.99,0.999,0.9995,0.9999", help="cache_drift_threshold grid")
     p.add_argument("--probes", default="2,4,8", help="cache_drift_probe grid")
-    p.add_argument("--never-probe", type=int, default=4, help="probe of the threshold-0 (never refresh) setting; -1: none")
+    p.add_argument("--zero-probe", type=int, default=4, help="probe of the threshold-0 setting (-1: leave it out)")
     p.add_argument("--refreshes", default="2,4", help="cache_refresh_every values of the dual cache")
     p.add_argument("--seeds", type=int, default=8, help="replica beds: seeds (units)")
     p.add_argument("--prompts", type=int, default=8, help="replica beds: prompts per seed")
     p.add_argument("--prompt-length", type=int, default=16)
     p.add_argument("--gen-length", type=int, default=64, help="replica beds (task beds: the suite's)")
     p.add_argument("--block-length", type=int, default=16, help="replica beds")
+    p.add_argument("--replica-batch", type=int, default=0,
+                   help="replica beds: prompts per call (0: all of a seed's prompts in one call)")
     p.add_argument("--head-scale", type=float, default=128.0, help="replica beds: LM head multiplier")
     p.add_argument("--limit", type=int, default=25, help="task beds: test prompts per task")
     p.add_argument("--task-block-length", type=int, default=32)
@@ -384,21 +390,21 @@ def parse_args(argv=None):
         args.beds, args.samplers, args.task_samplers = "replica-2,sum", "confidence", "threshold"
         args.thresholds, args.probes, args.refreshes = "0.999,1.5", "2", "2"
         args.seeds, args.prompts, args.prompt_length, args.gen_length, args.block_length = 2, 3, 6, 32, 16
-        args.limit, args.never_probe = 1, 4
+        args.limit, args.zero_probe = 1, 4
     args.beds = [b for b in args.beds.split(",") if b]
     args.samplers = [s for s in args.samplers.split(",") if s]
     args.task_samplers = args.samplers if args.task_samplers is None else [s for s in args.task_samplers.split(",") if s]
     args.thresholds = [float(t) for t in args.thresholds.split(",") if t]
     args.probes = [int(x) for x in args.probes.split(",") if x]
     args.refreshes = [int(x) for x in args.refreshes.split(",") if x]
-    args.never_probe = None if args.never_probe < 0 else args.never_probe
+    args.zero_probe = None if args.zero_probe < 0 else args.zero_probe
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    grid = settings(args.thresholds, args.probes, args.refreshes, args.never_probe)
+    grid = settings(args.thresholds, args.probes, args.refreshes, args.zero_probe)
     beds = build_beds(args)
     results = dict(args={k: v for k, v in vars(args).items()}, torch=torch.__version__, threads=torch.get_num_threads(),
                    time=time.strftime("%Y-%m-%dT%H:%M:%S"), beds=[])
@@ -432,7 +438,7 @@ def markdown(results: dict) -> str:
     lines = []
     for e in results["beds"]:
         lines.append(f"#### {e['bed']}, {e['sampler']} (budget {e['steps']}): {e['metric']}, "
-                     f"{e['units']} {e['unit']}s")
+                     f"{e['units']} {e['unit']}s, up to {e['batch_size']} rows per call")
         if "numerics_floor" in e:
             f = e["numerics_floor"]
             lines.append(f"Numerics floor (float32 vs float64, uncached): {mean(f):.1f}% (min {min(f):.1f}).")
@@ -472,11 +478,10 @@ def plot(results: dict, path: Path) -> None:
         for r in e["rows"]:
             x, y = r["forward_tokens_vs_none"], r["quality"]
             if r["kind"] == "elastic":
-                ax.errorbar(x, y, yerr=r["quality_std"], fmt="o", ms=4, color=colors.get(r["probe"], "tab:red"),
-                            alpha=0.8, elinewidth=0.6)
+                ax.plot(x, y, "o", ms=4, color=colors.get(r["probe"], "tab:red"), alpha=0.8)
             else:
-                ax.errorbar(x, y, yerr=r["quality_std"], fmt="*" if r["kind"] == "reference" else "s", ms=6,
-                            color="black" if r["kind"] == "reference" else "tab:orange", elinewidth=0.6)
+                ax.plot(x, y, "*" if r["kind"] == "reference" else "s", ms=6,
+                        color="black" if r["kind"] == "reference" else "tab:orange")
                 ax.annotate(r["setting"].replace("refresh=", "r"), (x, y), fontsize=6, xytext=(3, -8),
                             textcoords="offset points")
         for p, c in colors.items():
@@ -491,7 +496,8 @@ def plot(results: dict, path: Path) -> None:
     for ax in list(axes.flat)[len(entries):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=6, loc="lower right")
-    fig.suptitle("kv_cache='elastic' (circles, by probe) vs fixed caches (squares); bars: sd over units", fontsize=9)
+    fig.suptitle("kv_cache='elastic' (circles, by probe; lines join thresholds) vs fixed caches (squares): "
+                 "mean quality over units (the noise band is in results.md)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -34,11 +34,11 @@ def _replica_schedule(P=6, G=32, Lb=16, steps=32, probe=4):
     prefix_x = L + (per - 1) * (L - P) + sum((L - (s - Lb)) + (per - 1) * (L - s) for s in starts[1:])
     dual_x = L + (per - 1) * Lb + sum((L - (s - Lb)) + (per - 1) * Lb for s in starts[1:])
     dual_r2 = blocks * (per // 2 * L + per // 2 * Lb)  # full at even steps
-    # never refreshing: like dual_x, each window and extension also takes up to `probe` cached response positions
+    # threshold 0 never refreshes here (no key or value turns by 90 degrees): like dual_x, each window and extension also takes up to `probe` cached response positions
     never = L + (per - 1) * Lb + sum((L - max(P, s - Lb - probe)) + (per - 1) * (Lb + min(probe, s - P))
                                      for s in starts[1:])
     return {"none": none, "prompt": prompt, "prefix": prefix, "dual": dual, "prefix xblock": prefix_x,
-            "dual xblock": dual_x, "dual refresh=2": dual_r2, "elastic never p=4": never, "elastic 1.5 p=2": none}
+            "dual xblock": dual_x, "dual refresh=2": dual_r2, "elastic 0 p=4": never, "elastic 1.5 p=2": none}
 
 
 def test_forward_tokens_and_full_forwards_follow_each_cache_schedule(smoke):
@@ -52,7 +52,7 @@ def test_forward_tokens_and_full_forwards_follow_each_cache_schedule(smoke):
     full = {k: r["full_forwards_per_seq"] for k, r in rows.items()}
     assert full["none"] == full["elastic 1.5 p=2"] == 32  # every step a full forward
     assert full["prefix"] == full["dual"] == 2 and full["dual refresh=2"] == 16
-    assert full["prompt"] == full["prefix xblock"] == full["dual xblock"] == full["elastic never p=4"] == 1
+    assert full["prompt"] == full["prefix xblock"] == full["dual xblock"] == full["elastic 0 p=4"] == 1
     # a refreshing elastic setting lies between never and always
     assert 1 <= full["elastic 0.999 p=2"] <= 32 and all(r["nfe_per_seq"] == 32 for r in rows.values())
 
@@ -89,7 +89,7 @@ def test_each_elastic_row_is_compared_with_the_best_fixed_cache_at_no_more_cost(
             diffs = [a - b for a, b in zip(r["quality_units"], rows[r["comparator"]]["quality_units"])]
             assert r["vs_comparator"]["mean"] == pytest.approx(sum(diffs) / len(diffs))
     assert (out / "quality_vs_forward_tokens.png").stat().st_size > 0
-    assert "| elastic never p=4 |" in (out / "results.md").read_text()
+    assert "| elastic 0 p=4 |" in (out / "results.md").read_text()
 
 
 def test_noise_band_is_the_95_percent_t_interval_of_paired_differences(smoke):
