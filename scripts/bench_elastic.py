@@ -3,6 +3,7 @@
     python scripts/bench_elastic.py --out runs/elastic                 # every bed (about an hour, 1 thread)
     python scripts/bench_elastic.py --beds replica-2 --seeds 4         # one bed, fewer seeds
     python scripts/bench_elastic.py --smoke --out /tmp/elastic-smoke   # seconds (the test's run)
+    python scripts/bench_elastic.py --summary runs/elastic/results.json  # the condensed tables of a run
 
 Every setting decodes the same prompts with the same sampler and budget as `kv_cache="none"`:
 - fixed caches (Fast-dLLM's schedules): "prompt", "prefix", "dual", both with `cache_across_blocks`,
@@ -17,7 +18,8 @@ Beds, where the fixed caches are approximations:
   Their prompt attends to the response, so every cache but a refresh at every step is approximate.
   Quality = token agreement with `kv_cache="none"` on the same prompts (%); one unit = one seed (its own
   weights and prompts); the decisions' numerics floor is the agreement of the float32 model with its
-  float64 copy (both uncached).
+  float64 copy (both uncached). All of a seed's prompts go in one call (`--replica-batch` splits them): the
+  elastic cache decides a refresh for the whole call.
 - `chains` (tiny-dlm-chains on the chains suite) and `sum` (tiny-dlm-chains-hard on the running sum):
   task accuracy (%), one unit = one prompt. These models' prompts ignore the response, so "prompt" is
   exact there (the uncached tokens); the other caches are approximate only through the response's own
@@ -324,6 +326,9 @@ def measure(bed, sampler: str, steps: int, grid: list[Setting], repeats: int, ba
             m = bed.run(setting, sampler, steps)
             best = m if best is None or m.seconds < best.seconds else best
         m = best
+        if m.forward_tokens != m.engine_forward_tokens:  # two independent tallies of the same work
+            raise RuntimeError(f"{bed.name} {sampler} {setting.label}: the model was fed {m.forward_tokens} query "
+                               f"positions, the engine reports {m.engine_forward_tokens}")
         if setting.kind == "reference":
             reference = m
         bed.score(m, reference)
@@ -366,7 +371,7 @@ def parse_args(argv=None):
     p.add_argument("--beds", default="replica-2,replica-4,chains,sum", help="comma-separated: replica-N, chains, sum")
     p.add_argument("--samplers", default="confidence,threshold", help="samplers of every bed")
     p.add_argument("--task-samplers", default=None, help="samplers of the task beds (default: --samplers)")
-    p.add_argument("--thresholds", default="0.99,0.999,0.9995,0.9999", help="cache_drift_threshold grid")
+    p.add_argument("--thresholds", default="0.9,0.99,0.999,0.9995,0.9999", help="cache_drift_threshold grid")
     p.add_argument("--probes", default="2,4,8", help="cache_drift_probe grid")
     p.add_argument("--zero-probe", type=int, default=4, help="probe of the threshold-0 setting (-1: leave it out)")
     p.add_argument("--refreshes", default="2,4", help="cache_refresh_every values of the dual cache")
@@ -384,6 +389,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1, help="runs per setting; the fastest is timed")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="a tiny run of every part (the test's)")
+    p.add_argument("--summary", metavar="RESULTS_JSON", help="print the condensed tables of a finished run (no run)")
+    p.add_argument("--summary-probe", type=int, default=4, help="the probe whose elastic rows the cost table shows")
     p.add_argument("--out", default="runs/elastic")
     args = p.parse_args(argv)
     if args.smoke:
@@ -403,6 +410,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.summary:
+        print(summary_tables(json.loads(Path(args.summary).read_text()), args.summary_probe))
+        return 0
     torch.set_num_threads(args.threads)
     grid = settings(args.thresholds, args.probes, args.refreshes, args.zero_probe)
     beds = build_beds(args)
@@ -461,6 +471,56 @@ def markdown(results: dict) -> str:
                          f"{r['full_forwards_per_seq']:.1f} | {r['seconds']:.2f} | {r['seconds_vs_none']:.2f} | {comp} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def summary_tables(results: dict, probe: int) -> str:
+    """Condensed tables of a run, one pair per kind of bed (replicas; task beds): (1) per setting, quality /
+    forward tokens vs none / full forwards per sequence (/ seconds vs none on task beds), the elastic rows at
+    `probe` only; (2) every elastic row against its comparator with the 95% band (left out where every
+    verdict is "equal")."""
+    out = []
+    for unit in ("seed", "prompt"):
+        entries = [e for e in results["beds"] if e["unit"] == unit]
+        if not entries:
+            continue
+        heads = [f"{e['bed']} {e['sampler']}" for e in entries]
+        what = "agreement %" if unit == "seed" else "accuracy % / forward tokens vs none / full forwards per seq / seconds vs none"
+        if unit == "seed":
+            what += " / forward tokens vs none / full forwards per seq"
+        out += [f"| setting ({what}) | " + " | ".join(heads) + " |", "|---|" + "---|" * len(entries)]
+        for label in [r["setting"] for r in entries[0]["rows"] if r["kind"] != "elastic" or r["probe"] == probe]:
+            cells = []
+            for e in entries:
+                r = _row(e, label)
+                cell = "" if r is None else \
+                    f"{r['quality']:.1f} / {r['forward_tokens_vs_none']:.2f} / {r['full_forwards_per_seq']:.1f}"
+                if r is not None and unit == "prompt":
+                    cell += f" / {r['seconds_vs_none']:.2f}"
+                cells.append(cell)
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append("")
+        elastic = [r["setting"] for r in entries[0]["rows"] if r["kind"] == "elastic"]
+        if all(_row(e, label).get("verdict") == "equal" for e in entries for label in elastic if _row(e, label)):
+            continue
+        out += ["| elastic setting: Δ quality vs its comparator (95% band) | " + " | ".join(heads) + " |",
+                "|---|" + "---|" * len(entries)]
+        for label in elastic:
+            cells = []
+            for e in entries:
+                r = _row(e, label)
+                if r is None or "vs_comparator" not in r:
+                    cells.append("")
+                    continue
+                d = r["vs_comparator"]
+                more = ", costs more" if r["comparator_costs_more"] else ""
+                cells.append(f"{d['mean']:+.1f} ± {d['band']:.1f} vs {r['comparator']}{more}: **{r['verdict']}**")
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _row(entry: dict, label: str) -> dict | None:
+    return next((r for r in entry["rows"] if r["setting"] == label), None)
 
 
 def plot(results: dict, path: Path) -> None:
