@@ -275,7 +275,7 @@ class _Runner:
             per_row_branches[rows] += trace.branch_forwards
 
         kw = dict(temperature=cfg.temperature, eos_token_id=self.eos_id, attention_mask=attention_mask,
-                  generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache, callback=count)
+                  generator=generator, kv_cache=spec.kv_cache or cfg.kv_cache, callback=count, **spec.engine_kwargs())
         if not self.uniform_noise:  # masked-engine options (a uniform-noise model refuses them when given)
             kw.update(mask_token_id=self.mask_id, cache_refresh_every=spec.cache_refresh_every,
                       eos_early_stop=cfg.eos_early_stop)
@@ -572,7 +572,7 @@ def _run_oracle(cfg: BenchConfig, suite, specs: list[SamplerSpec], budgets: list
             with PeakMemory(torch.device(cfg.device)) as mem:
                 out = dlm.generate(oracle, prompts, **suite.generate_kwargs(oracle), block_length=block, steps=budget,
                                    sampler=spec.name, sampler_config=spec.option_dict or None, temperature=temperature,
-                                   generator=g, kv_cache=kv)
+                                   generator=g, kv_cache=kv, **spec.engine_kwargs())
             metrics = suite.evaluate(oracle, out.sequences, seed=cfg.seed).to_dict()
             quality = _oracle_quality(metrics, headline)
             if out.experts is not None:  # HEX: each expert scored as if run alone (same passes; no noise reference)

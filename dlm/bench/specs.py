@@ -1,7 +1,8 @@
 """`dlm bench --samplers` entries and `--steps` budgets: parsing and checking.
 
 An entry is `name[:key=value...]`: a registered sampler or an external row (`dlm.bench.external`),
-with engine options (`kv=`, `xblock=`, `refresh=`, `cut=`, `block=`, `steps=`, `window=`, `open=`)
+with engine options (`kv=`, `xblock=`, `refresh=`, `cut=`, `block=`, `steps=`, `window=`, `open=`, `drift=`,
+`probe=`)
 and sampler or pipeline overrides; docs/benchmarks.md lists them. `SamplerSpec` is what the harness
 runs.
 """
@@ -18,8 +19,9 @@ from dlm.decoding_config import KV_CACHE_MODES
 class SamplerSpec:
     """One entry of `--samplers`: `name[:key=value[:key=value...]]`.
 
-    `kv=none|prefix|dual|prompt` picks the KV cache for this entry (else the run's `--kv-cache`;
-    `prompt` caches only the prompt, see `dlm.generate`);
+    `kv=none|prefix|dual|prompt|elastic|auto` picks the KV cache for this entry (else the run's `--kv-cache`;
+    `prompt` caches only the prompt, see `dlm.generate`); with `kv=elastic`, `drift=T` and `probe=N` set its
+    drift test (`generate(cache_drift_threshold=T, cache_drift_probe=N)`, `dlm.engine.masked.elastic`);
     `xblock=1` (with a cache) extends the cache from block to block (`generate(cache_across_blocks=True)`);
     `refresh=N` (with a cache) rebuilds it by a full forward every N steps inside a block
     (`generate(cache_refresh_every=N)`; 0, the default, at block starts only);
@@ -44,6 +46,11 @@ class SamplerSpec:
     steps: tuple = ()
     window_blocks: int = 1
     window_open_at: float = 0.1
+    drift: tuple = ()  # given of ("cache_drift_threshold", T), ("cache_drift_probe", N)
+
+    def engine_kwargs(self) -> dict:
+        """`dlm.generate` keywords of the elastic cache's drift test this entry sets (empty: the defaults)."""
+        return dict(self.drift)
 
     @property
     def is_external(self) -> bool:
@@ -71,6 +78,18 @@ def _flag(key: str, value: str, entry: str) -> bool:
     return value == "1"
 
 
+def _check_drift(entry: str, kv: str | None, drift: dict) -> None:
+    """`drift=` / `probe=` need `kv=elastic` and values the engine takes (checked now, not mid-run)."""
+    if kv != "elastic":
+        raise ValueError(f"{entry!r}: drift= and probe= set the elastic cache's drift test; add kv=elastic")
+    from dlm.decoding_config import DecodingConfig
+
+    try:
+        DecodingConfig(kv_cache="elastic", **drift)
+    except ValueError as err:
+        raise ValueError(f"{entry!r}: {err}") from None
+
+
 def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
     """Parse `a,b:key=v,c` into specs; ValueError names an unknown sampler or a malformed option."""
     from samplers import available_samplers
@@ -88,7 +107,7 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         if name not in known:
             raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(known)}")
         options, kv, xblock, cut, refresh, block, steps = [], None, False, False, 0, None, ()
-        window = {}
+        window, drift = {}, {}
         for opt in opts:
             if "=" not in opt:
                 raise ValueError(f"sampler option {opt!r} in {entry!r} must be key=value")
@@ -113,6 +132,16 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
                 if not all(v.isdigit() and int(v) > 0 for v in value.split("/")):
                     raise ValueError(f"steps={value!r} in {entry!r}: must be positive whole numbers joined by '/', e.g. steps=160/320")
                 steps = tuple(int(v) for v in value.split("/"))
+            elif key == "drift":
+                try:
+                    drift["cache_drift_threshold"] = float(value)
+                except ValueError:
+                    raise ValueError(f"drift={value!r} in {entry!r}: must be a number (the elastic cache's cosine "
+                                     "threshold, e.g. drift=0.999)") from None
+            elif key == "probe":
+                if not value.isdigit():
+                    raise ValueError(f"probe={value!r} in {entry!r}: must be a whole number of cached positions")
+                drift["cache_drift_probe"] = int(value)
             elif key in ("window", "open"):  # D2F block window: generate(window_blocks=, window_open_at=)
                 window["window_blocks" if key == "window" else "window_open_at"] = parse_option_value(value)
             else:
@@ -122,15 +151,17 @@ def parse_sampler_specs(text: str | list[str]) -> list[SamplerSpec]:
         seen.add(entry)
         spec = SamplerSpec(label=entry, name=name, options=tuple(options), kv_cache=kv, cache_across_blocks=xblock,
                            cut_trailing_masks=cut, cache_refresh_every=refresh, block_length=block,
-                           steps=steps, **window)
+                           steps=steps, drift=tuple(drift.items()), **window)
+        if drift:
+            _check_drift(entry, kv, drift)
         if name in rows:
             rows[name][0].check_entry(spec)  # its own options; our engine's flags refused
             specs.append(spec)
             continue
         if xblock and kv in (None, "none", "auto"):
             raise ValueError(f"{entry!r}: xblock=1 extends a KV cache; add kv=prefix or kv=dual")
-        if xblock and kv == "prompt":
-            raise ValueError(f"{entry!r}: kv=prompt already keeps its cache across blocks; drop xblock=1")
+        if xblock and kv in ("prompt", "elastic"):
+            raise ValueError(f"{entry!r}: kv={kv} already keeps its cache across blocks; drop xblock=1")
         if refresh and kv in (None, "none"):
             raise ValueError(f"{entry!r}: refresh={refresh} rebuilds a KV cache; add kv=prefix or kv=dual")
         from samplers import get_sampler

@@ -138,6 +138,31 @@ def test_refresh_spec_rebuilds_the_cache_and_refresh_1_is_the_uncached_engine(ti
 
 
 
+def test_elastic_spec_sets_the_drift_test_and_refreshing_every_step_is_the_uncached_engine(tiny_dir, tmp_path, capsys):
+    (e,) = parse_sampler_specs("confidence:kv=elastic:drift=0.9995:probe=8")
+    assert e.kv_cache == "elastic" and e.option_dict == {}
+    assert e.engine_kwargs() == {"cache_drift_threshold": 0.9995, "cache_drift_probe": 8}
+    for bad, needle in (("confidence:drift=0.9", "add kv=elastic"), ("confidence:kv=dual:probe=2", "add kv=elastic"),
+                        ("diffusers-llada2:drift=0.9", "add kv=elastic"), ("confidence:kv=elastic:drift=x", "drift="),
+                        ("confidence:kv=elastic:drift=-1", "cache_drift_threshold"),
+                        ("confidence:kv=elastic:probe=x", "probe="), ("confidence:kv=elastic:xblock=1", "xblock")):
+        with pytest.raises(ValueError, match=needle):
+            parse_sampler_specs(bad)
+    out = tmp_path / "run"
+    rc = main(["bench", "--model", tiny_dir, "--suite", "copy", "--samplers", "confidence:kv=none,"
+               "confidence:kv=elastic:drift=1.5,confidence:kv=elastic", "--steps", "16", "--limit", "4",
+               "--gen-length", "16", "--block-length", "8", "--out", str(out), "--json", "--no-plots"])
+    assert rc == 0, capsys.readouterr().err
+    pairs = {p["sampler"]: p for p in json.loads((out / "results.json").read_text())["pairs"]}
+    plain, always, elastic = (pairs[k] for k in ("confidence:kv=none", "confidence:kv=elastic:drift=1.5",
+                                                  "confidence:kv=elastic"))
+    assert always["kv_cache"] == elastic["kv_cache"] == "elastic"
+    # drift=1.5 reached the engine: a refresh at every step is the uncached computation
+    assert [s["output"] for s in always["samples"]] == [s["output"] for s in plain["samples"]]
+    assert always["quality"] == plain["quality"] and always["forward_tokens"] == plain["forward_tokens"]
+    assert elastic["forward_tokens"] < plain["forward_tokens"]  # the default test keeps the cache
+
+
 def test_block_spec_runs_an_entry_at_its_own_block_length_on_either_engine(tiny_dir, tmp_path, capsys):
     (d,) = parse_sampler_specs("threshold:kv=dual:block=4")
     assert d.block_length == 4 and d.option_dict == {}

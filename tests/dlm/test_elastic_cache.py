@@ -135,3 +135,16 @@ def test_refusals():
     with pytest.raises(ValueError, match="needs a model with KV-cache support"):
         dlm.generate(lambda x, **kw: torch.zeros(x.shape[0], x.shape[1], 6), ids.clamp(max=4), kv_cache="elastic",
                      mask_token_id=5, **run)
+
+
+def test_the_first_block_is_tested_for_drift_too():
+    """At 0.9999 a step after a commit is stale on this bidirectional model: the second block refreshes every
+    other step. Every commit in the first block moves the cached prompt's K/V as much (the prompt attends to
+    the response), so the first block refreshes as well: its drift test probes the prompt's last positions."""
+    model = _replica()
+    ids = torch.randint(0, 290, (2, 9), generator=torch.Generator().manual_seed(3))
+    out = dlm.generate(model, ids, gen_length=32, block_length=16, steps=32, sampler="confidence", kv_cache="elastic",
+                       cache_drift_threshold=0.9999, eos_early_stop=False, return_trace=True)
+    full = {b: [t.step for t in out.trace if t.block == b and t.full_forward] for b in (0, 1)}
+    assert len(full[1]) > 4  # the second block's probes see the drift and refresh it
+    assert len(full[0]) > 4  # the first block: the prompt's probes see the same drift
