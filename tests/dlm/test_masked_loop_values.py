@@ -52,10 +52,13 @@ def test_the_loop_ends_when_every_row_has_finished():
     assert out.sequences[:, 4:].tolist() == [[5] + [8] * 15, [5, 5] + [8] * 14]
 
 
+@pytest.mark.parametrize("across_blocks", [False, True])
 @pytest.mark.parametrize("kv_cache", ["prefix", "dual"])
 @pytest.mark.parametrize("sampler", ["confidence", "lopa"])
-def test_forward_tokens_with_a_kv_cache_count_the_positions_embedded(kv_cache, sampler):
+def test_forward_tokens_with_a_kv_cache_count_the_positions_embedded(kv_cache, sampler, across_blocks):
     # With a cache only the window's positions enter the model: count them where they are embedded.
+    # `cache_across_blocks` starts each later block by extending the cache (from the previous block's
+    # start to the end) instead of a full forward: those positions are counted too.
     from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel
 
     torch.manual_seed(0)
@@ -66,8 +69,10 @@ def test_forward_tokens_with_a_kv_cache_count_the_positions_embedded(kv_cache, s
     model.get_input_embeddings().register_forward_hook(lambda module, args, out: embedded.append(args[0].numel()))
     ids = torch.randint(3, 40, (2, 6), generator=torch.Generator().manual_seed(1))
     out = dlm.generate(model, ids, gen_length=16, block_length=8, steps=8, sampler=sampler, kv_cache=kv_cache,
-                       eos_early_stop=False)
+                       eos_early_stop=False, cache_across_blocks=across_blocks)
     assert out.forward_tokens == sum(embedded)
+    if across_blocks:  # the second block opened on an extension: 2 rows x (16 + 6 - 6) positions, not 2 x 22
+        assert 2 * 16 in embedded and embedded.count(2 * 22) == 1
 
 
 def test_a_prompt_without_the_separator_is_refused_naming_its_row():
