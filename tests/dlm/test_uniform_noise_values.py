@@ -116,3 +116,58 @@ def test_the_default_budget_in_sampler_mode_is_one_pass_per_position(model):
     ids, _ = left_padded_prompts(1, 9, 1)
     out = dlm.generate(model, ids, sampler="confidence", gen_length=2 * CANVAS, generator=torch.Generator().manual_seed(0))
     assert out.nfe == 2 * CANVAS
+
+
+def test_a_row_that_ended_is_not_decoded_in_later_canvases():
+    """The entropy-bound rule in sampler mode (our generator): a row whose sequence ended (an EOS) leaves
+    the decoder batch for every later canvas. Counted from the output alone: a row is live in canvas c
+    exactly when no EOS stands in its tokens before that canvas, so each decoder call of canvas c gets
+    that many rows, and each row's forward count is the passes of the canvases it was live in.
+    The case (seed 2, canvases of 8, EOS any of ids 1-24) ends row 0 in canvas 0 and row 2 in canvas 1."""
+    C, eos = 8, list(range(1, 25))
+    model = tiny_diffusion_gemma(0, canvas_length=C, eos_token_id=eos)
+    ids, mask = left_padded_prompts(3, 9, 2)
+    rows_seen = []
+    hook = model.model.decoder.register_forward_hook(
+        lambda m, args, kwargs, out: rows_seen.append(out.last_hidden_state.shape[0]), with_kwargs=True)
+    try:
+        out = dlm.generate(model, ids, attention_mask=mask, sampler="entropy_bound", steps=24, gen_length=24,
+                           generator=torch.Generator().manual_seed(2))
+    finally:
+        hook.remove()
+    generated = out.sequences[:, ids.shape[1]:].tolist()
+    first_eos = [next((i for i, t in enumerate(row) if t in eos), len(row)) for row in generated]
+    live = [[first_eos[r] >= c * C for r in range(3)] for c in range(len(out.steps_per_block))]
+    assert [sum(canvas) for canvas in live] == [3, 2, 1]  # the case really ends rows between canvases
+    expected_rows = [sum(canvas) for canvas, passes in zip(live, out.steps_per_block) for _ in range(passes)]
+    assert rows_seen == expected_rows
+    assert out.nfe_per_sequence.tolist() == [sum(p for canvas, p in zip(live, out.steps_per_block) if canvas[r])
+                                             for r in range(3)]
+
+
+@pytest.mark.parametrize("full_stream", [True, False])
+def test_a_new_canvas_starts_on_the_device_and_with_the_rows_still_running(full_stream):
+    """`EntropyBoundRule.start` on the meta device (shapes, no data: a tensor made on the CPU instead
+    raises on use): its state is on the device; in sampler mode (`full_stream=False`) the rows whose
+    sequence ended are skipped and the first step decodes the others; in transformers' mode (the full
+    random stream) every row keeps running, as transformers does."""
+    from dlm.engine.uniform.rules import EntropyBoundRule
+    from samplers.unmasking.entropy_bound import EntropyBoundConfig
+
+    meta = torch.device("meta")
+    rule = EntropyBoundRule(EntropyBoundConfig(stability_threshold=2), max_steps=4, vocab_size=11, canvas_length=5,
+                            embed_dtype=torch.float32, full_stream=full_stream)
+    ended = [False, True, False, True]
+    first = rule.start(4, meta, torch.tensor(ended).to(meta), ended)
+    assert first == (None if full_stream else [0, 2])
+    assert rule.canvas.shape == rule.argmax.shape == (4, 5) and rule.canvas.dtype == torch.long
+    assert rule.done.shape == rule.skip.shape == (4,) and rule.done.dtype == rule.skip.dtype == torch.bool
+    assert rule.stop.history.shape == (2, 4, 5) and rule.stop.history.device == meta
+    live = rule.live_mask()  # ~(done | skip): meets every state tensor on the device
+    assert live.device == meta and all(t.device == meta for t in (rule.canvas, rule.argmax, rule.done, rule.skip))
+    assert rule.soft is None and rule.batch == 4
+    # the same on the CPU, where the values can be read: no row done, the ended rows skipped in sampler mode
+    first = rule.start(4, torch.device("cpu"), torch.tensor(ended), ended)
+    assert rule.live_mask().tolist() == ([True] * 4 if full_stream else [not e for e in ended])
+    assert not rule.done.any() and first == (None if full_stream else [0, 2])
+    assert rule.start(4, torch.device("cpu"), torch.zeros(4, dtype=torch.bool), [False] * 4) is None
