@@ -171,3 +171,36 @@ def test_a_new_canvas_starts_on_the_device_and_with_the_rows_still_running(full_
     assert rule.live_mask().tolist() == ([True] * 4 if full_stream else [not e for e in ended])
     assert not rule.done.any() and first == (None if full_stream else [0, 2])
     assert rule.start(4, torch.device("cpu"), torch.zeros(4, dtype=torch.bool), [False] * 4) is None
+
+
+def test_lookahead_branches_are_decoded_as_their_rows_alone(model):
+    """`RowSubsetDecoder.branches` (a look-ahead sampler's k candidate canvases per row, one batched call)
+    against the loop's own decoder call on each candidate alone, with that row's cache, padding mask and
+    self-conditioning: rows 1 and 2 of a left-padded batch (2 and 3 pad tokens), k = 2, the same logits."""
+    from transformers import DynamicCache
+
+    from dlm.engine.uniform.canvas_model import DiffusionGemmaCanvasModel, RowSubsetDecoder
+
+    cm = DiffusionGemmaCanvasModel(model)
+    ids, mask = left_padded_prompts(3, 9, 0)
+    mask2d = mask.bool()
+    P, C, V = ids.shape[1], CANVAS, cm.vocab_size
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    enc_positions = torch.arange(P, dtype=torch.int32).unsqueeze(0)
+    with torch.no_grad():
+        cache = cm.encode(ids, mask2d, cache, enc_positions, is_prefill=True)
+        decoder = RowSubsetDecoder(cm, cache, torch.nn.functional.pad(mask2d, (0, C), value=True),
+                                   torch.arange(P, P + C, dtype=torch.int32).unsqueeze(0), batch=3)
+        g = torch.Generator().manual_seed(3)
+        rows, k = torch.tensor([1, 2]), 2
+        canvases = torch.randint(0, V, (len(rows) * k, C), generator=g)
+        hidden = model.model.decoder.embed_tokens.weight.shape[1]
+        soft = torch.randn(len(rows), C, hidden, generator=g)
+        together = decoder.branches(canvases, soft, rows, k)
+        for i in range(len(rows) * k):
+            row = int(rows[i // k])
+            alone = decoder(canvases[i:i + 1], soft[i // k: i // k + 1], torch.tensor([row]), [row])
+            assert torch.allclose(together[i], alone[0], atol=1e-4, rtol=1e-4), (row, i % k)
+        # the padding matters here: row 2 decoded without its mask is another result
+        unpadded = RowSubsetDecoder(cm, cache, torch.ones(3, P + C, dtype=torch.bool), decoder.positions, batch=3)
+        assert not torch.allclose(unpadded(canvases[2:3], soft[1:2], torch.tensor([2]), [2])[0], together[2], atol=1e-3)
