@@ -35,7 +35,7 @@ def _count_positions(model):
     return counts, hooks
 
 
-@pytest.mark.parametrize("mode", ["transformers", "confidence", "threshold"])
+@pytest.mark.parametrize("mode", ["transformers", "confidence", "threshold", "lopa"])
 def test_forward_tokens_count_every_position_the_model_processes(model, mode):
     ids, mask = left_padded_prompts(2, 9, 0)
     counts, hooks = _count_positions(model)
@@ -204,3 +204,26 @@ def test_lookahead_branches_are_decoded_as_their_rows_alone(model):
         # the padding matters here: row 2 decoded without its mask is another result
         unpadded = RowSubsetDecoder(cm, cache, torch.ones(3, P + C, dtype=torch.bool), decoder.positions, batch=3)
         assert not torch.allclose(unpadded(canvases[2:3], soft[1:2], torch.tensor([2]), [2])[0], together[2], atol=1e-3)
+
+
+def test_a_new_canvas_of_a_masked_sampler_starts_on_the_device_and_with_the_rows_still_running():
+    """`AcceptRule.start` (any masked sampler of ours on a canvas) on the meta device, as above: the
+    canvas, the accepted flags and the skipped rows on the device; the first step decodes the rows
+    whose sequence has not ended, and none is accepted yet."""
+    from dlm.engine.uniform.rules import AcceptRule, AcceptSettings
+    from samplers import get_sampler
+
+    meta = torch.device("meta")
+    policy = get_sampler("confidence")
+    settings = AcceptSettings(canvas_length=8, block_length=4, vocab_size=11, embed_dtype=torch.float32,
+                              temperature=0.0, generator=None, t_min=0.4, t_max=0.8, sampler_step=policy.step)
+    rule = AcceptRule(policy, 6, settings, state={})
+    ended = [True, False, False]
+    assert rule.start(3, meta, torch.tensor(ended).to(meta), ended) == [1, 2]
+    assert rule.canvas.shape == (3, 8) and rule.accepted.shape == (3, 8) and rule.skip.shape == (3,)
+    live = rule.live_mask()  # reads the accepted flags and the skipped rows together, on the device
+    assert live.device == meta and all(t.device == meta for t in (rule.canvas, rule.accepted, rule.skip))
+    assert (rule.sub_blocks, rule.sub_budget) == (2, 3)  # 6 passes over 2 sub-blocks of 4
+    assert rule.start(3, torch.device("cpu"), torch.tensor(ended), ended) == [1, 2]
+    assert rule.live_mask().tolist() == [False, True, True] and not rule.accepted.any()
+    assert rule.start(3, torch.device("cpu"), torch.zeros(3, dtype=torch.bool), [False] * 3) is None
