@@ -257,6 +257,15 @@ def _survivors(group: str, sample: int | None = None, seed: int = 0) -> list[str
             and not (key in equivalent and _equivalent_holds(key, equivalent[key][0]))]
 
 
+def _unclear(group: str, sample: int | None = None, seed: int = 0) -> list[str]:
+    """The group's mutants (of the sample) whose run ended in no verdict: an exit code mutmut does not
+    know ("suspicious"), a crash, an interruption. Re-tested with the survivors."""
+    known = ("killed", "timeout", "survived", "no tests", "not checked", "caught by type check", "skipped")
+    codes = {key: code for path in group_files(group, STAGE) for key, code in _meta(path).items()}
+    names = sample_of(group, sample, seed) if sample is not None else sorted(codes)
+    return [key for key in names if _status(codes[key]) not in known]
+
+
 def _untested(group: str, sample: int | None = None, seed: int = 0) -> list[str]:
     codes = {key: code for path in group_files(group, STAGE) for key, code in _meta(path).items()}
     names = sample_of(group, sample, seed) if sample is not None else sorted(codes)
@@ -295,7 +304,8 @@ def run(groups: list[str], minutes: float | None, sample: int | None = None, tes
     for batch in batches:
         names = []
         for group in batch:
-            todo = _untested(group, sample, seed) + (_survivors(group, sample, seed) if retest_survivors else [])
+            todo = _untested(group, sample, seed) + (_survivors(group, sample, seed) + _unclear(group, sample, seed)
+                                                     if retest_survivors else [])
             print(f"== {group}: {len(todo)} mutants to test", flush=True)
             names += todo
         if not names:
@@ -473,7 +483,8 @@ def main(argv=None) -> int:
                        "another seed gives a fresh sample)")
     p_run.add_argument("--tests-ref", help="take tests/ from this git commit (e.g. the commit before new tests)")
     p_run.add_argument("--retest-survivors", action="store_true",
-                       help="also re-test the surviving mutants (after adding tests)")
+                       help="also re-test the surviving mutants (after adding tests) and those whose run gave "
+                       "no verdict (mutmut's 'suspicious': an exit code it does not know)")
     p_report = sub.add_parser("report", help="per-group table of the last results")
     p_report.add_argument("groups", nargs="*")
     p_report.add_argument("--json", help="also write the counts to this file")

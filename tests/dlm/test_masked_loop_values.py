@@ -113,6 +113,13 @@ def test_host_live_rows_are_made_on_the_loop_device():
     rows = Rows.from_flags([False, True, True], torch.device("meta"))
     assert rows.host == [1, 2] and rows.index.device.type == "meta" and not rows.every
     assert Rows.of(None, 3, "cpu").every and Rows.of([0, 2], 3, "cpu").host == [0, 2]
+    # every row taken: the index of all rows, or the caller's own `every_index` tensor itself (no new one)
+    assert torch.equal(Rows.of(None, 3, "cpu").index, torch.arange(3))
+    assert torch.equal(Rows.of([0, 1, 2], 3, "cpu").index, torch.arange(3))
+    every = torch.arange(3)
+    assert Rows.of(None, 3, "cpu", every_index=every).index is every
+    assert Rows.of([0, 1, 2], 3, "cpu", every_index=every).index is every
+    assert torch.equal(Rows.of([0, 2], 3, "cpu", every_index=every).index, torch.tensor([0, 2]))
 
 
 def test_the_cache_handed_to_the_next_block_holds_its_rows():
