@@ -120,6 +120,7 @@ def test_host_live_rows_are_made_on_the_loop_device():
     assert Rows.of(None, 3, "cpu", every_index=every).index is every
     assert Rows.of([0, 1, 2], 3, "cpu", every_index=every).index is every
     assert torch.equal(Rows.of([0, 2], 3, "cpu", every_index=every).index, torch.tensor([0, 2]))
+    assert not Rows.of([0, 2], 3, "cpu").every and not Rows.of([], 3, "cpu").every and Rows.of([0, 1, 2], 3, "cpu").every
 
 
 def test_the_cache_handed_to_the_next_block_holds_its_rows():
