@@ -1,7 +1,7 @@
 """Mutation testing of the decision code with mutmut 3 (issue 42): stage, run, report.
 
-    scripts/mutation_report.sh run [GROUP ...] [--sample N] [--minutes N] [--tests-ref COMMIT] [--retest-survivors]
-    scripts/mutation_report.sh report [GROUP ...] [--sample N] [--json F]   # the per-group table (of the sample)
+    scripts/mutation_report.sh run [GROUP ...] [--sample N [--seed S]] [--minutes N] [--tests-ref COMMIT] [--retest-survivors]
+    scripts/mutation_report.sh report [GROUP ...] [--sample N [--seed S]] [--json F]   # the per-group table (of the sample)
     scripts/mutation_report.sh survivors GROUP                 # each surviving mutant and its diff
     scripts/mutation_report.sh kills PATTERN TEST...           # which mutants some tests kill (a quick check)
 
@@ -55,7 +55,8 @@ GROUPS: dict[str, list[str]] = {
     "unmasking": ["samplers/unmasking/*.py"],
     "contract": ["samplers/contract.py"],
     "driver": ["dlm/engine/*.py"],
-    "masked_loop": [f"dlm/engine/masked/{name}.py" for name in ("loop", "forward", "lookahead", "kv_cache", "eos", "inputs")],
+    "masked_loop": [f"dlm/engine/masked/{name}.py"
+                    for name in ("plan", "loop", "forward", "lookahead", "kv_cache", "elastic", "eos", "inputs")],
     "uniform_noise": ["dlm/engine/uniform/*.py"],
     "block_window": ["dlm/engine/masked/window.py"],
     "solvers": [f"samplers/solvers/{name}.py" for name in ("ddim", "pndm", "dpmpp_2m", "dpm_solver", "unipc", "flow")],
@@ -239,25 +240,35 @@ def _all_mutants(group: str) -> list[str]:
 
 def sample_of(group: str, size: int, seed: int = 0) -> list[str]:
     """The first ``size`` mutants of the group in a fixed random order (the same seed gives the same
-    order, so a larger sample extends a smaller one)."""
+    order, so a larger sample extends a smaller one; another seed draws a fresh sample, one that took
+    no part in writing the tests of an earlier one)."""
     import random
     names = _all_mutants(group)
     random.Random(f"{seed}:{group}").shuffle(names)
     return names[:size]
 
 
-def _survivors(group: str, sample: int | None = None) -> list[str]:
+def _survivors(group: str, sample: int | None = None, seed: int = 0) -> list[str]:
     """The group's surviving mutants (of the sample), less those listed as equivalent."""
     codes = {key: code for path in group_files(group, STAGE) for key, code in _meta(path).items()}
-    names = sample_of(group, sample) if sample is not None else sorted(codes)
+    names = sample_of(group, sample, seed) if sample is not None else sorted(codes)
     equivalent = equivalents()
     return [key for key in names if _status(codes[key]) in ("survived", "no tests")
             and not (key in equivalent and _equivalent_holds(key, equivalent[key][0]))]
 
 
-def _untested(group: str, sample: int | None = None) -> list[str]:
+def _unclear(group: str, sample: int | None = None, seed: int = 0) -> list[str]:
+    """The group's mutants (of the sample) whose run ended in no verdict: an exit code mutmut does not
+    know ("suspicious"), a crash, an interruption. Re-tested with the survivors."""
+    known = ("killed", "timeout", "survived", "no tests", "not checked", "caught by type check", "skipped")
     codes = {key: code for path in group_files(group, STAGE) for key, code in _meta(path).items()}
-    names = sample_of(group, sample) if sample is not None else sorted(codes)
+    names = sample_of(group, sample, seed) if sample is not None else sorted(codes)
+    return [key for key in names if _status(codes[key]) not in known]
+
+
+def _untested(group: str, sample: int | None = None, seed: int = 0) -> list[str]:
+    codes = {key: code for path in group_files(group, STAGE) for key, code in _meta(path).items()}
+    names = sample_of(group, sample, seed) if sample is not None else sorted(codes)
     return [key for key in names if codes[key] is None]
 
 
@@ -276,7 +287,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run(groups: list[str], minutes: float | None, sample: int | None = None, tests_ref: str | None = None,
-        retest_survivors: bool = False) -> None:
+        retest_survivors: bool = False, seed: int = 0) -> None:
     stage(tests_ref)
     _generate_mutants()
     deadline = None if minutes is None else time.monotonic() + 60 * minutes
@@ -293,7 +304,8 @@ def run(groups: list[str], minutes: float | None, sample: int | None = None, tes
     for batch in batches:
         names = []
         for group in batch:
-            todo = _untested(group, sample) + (_survivors(group, sample) if retest_survivors else [])
+            todo = _untested(group, sample, seed) + (_survivors(group, sample, seed) + _unclear(group, sample, seed)
+                                                     if retest_survivors else [])
             print(f"== {group}: {len(todo)} mutants to test", flush=True)
             names += todo
         if not names:
@@ -312,7 +324,7 @@ def run(groups: list[str], minutes: float | None, sample: int | None = None, tes
         except KeyboardInterrupt:
             _stop(proc)
             raise
-    report(groups, sample=sample)
+    report(groups, sample=sample, seed=seed)
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -342,13 +354,13 @@ def _equivalent_holds(name: str, line: str) -> bool:
     return line in added
 
 
-def tally(group: str, equivalent: dict[str, tuple[str, str]], sample: int | None = None) -> dict:
+def tally(group: str, equivalent: dict[str, tuple[str, str]], sample: int | None = None, seed: int = 0) -> dict:
     """Counts of the group's mutants by verdict, or of its random sample of ``sample`` (``run --sample``)
     only: results of mutants outside the sample (earlier samples, ``kills`` checks) are left out, so
     the score is that of one random sample. ``mutants`` is the group's size either way."""
     counts = dict(mutants=0, killed=0, timeout=0, survived=0, no_tests=0, untested=0, other=0, equivalent=0,
                   stale_equivalent=0)
-    chosen = set(sample_of(group, sample)) if sample is not None else None
+    chosen = set(sample_of(group, sample, seed)) if sample is not None else None
     for path in group_files(group, STAGE):
         for key, code in _meta(path).items():
             counts["mutants"] += 1
@@ -383,9 +395,9 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def report(groups: list[str], json_path: str | None = None, sample: int | None = None) -> None:
+def report(groups: list[str], json_path: str | None = None, sample: int | None = None, seed: int = 0) -> None:
     equivalent = equivalents()
-    rows = {group: tally(group, equivalent, sample) for group in groups}
+    rows = {group: tally(group, equivalent, sample, seed) for group in groups}
     head = ("group", "mutants", "tested", "killed", "timeout", "survived", "no tests", "equivalent", "other", "score")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -467,14 +479,18 @@ def main(argv=None) -> int:
     p_run.add_argument("--sample", type=int, help="test only this many mutants per group, drawn at random "
                        "(a fixed order: a larger sample extends a smaller one); the report gives the "
                        "score's 95%% interval")
+    p_run.add_argument("--seed", type=int, default=0, help="which random order --sample draws from (default 0; "
+                       "another seed gives a fresh sample)")
     p_run.add_argument("--tests-ref", help="take tests/ from this git commit (e.g. the commit before new tests)")
     p_run.add_argument("--retest-survivors", action="store_true",
-                       help="also re-test the surviving mutants (after adding tests)")
+                       help="also re-test the surviving mutants (after adding tests) and those whose run gave "
+                       "no verdict (mutmut's 'suspicious': an exit code it does not know)")
     p_report = sub.add_parser("report", help="per-group table of the last results")
     p_report.add_argument("groups", nargs="*")
     p_report.add_argument("--json", help="also write the counts to this file")
     p_report.add_argument("--sample", type=int, default=None,
                           help="count only the random sample of N mutants per group that run --sample N tests")
+    p_report.add_argument("--seed", type=int, default=0, help="the --seed of that run")
     p_surv = sub.add_parser("survivors", help="the surviving mutants of one group with their diffs")
     p_surv.add_argument("group", choices=list(GROUPS))
     p_kills = sub.add_parser("kills", help="which mutants some test files kill (a quick check, not a score)")
@@ -488,9 +504,9 @@ def main(argv=None) -> int:
         parser.error("mutmut is not installed: pip install -e '.[mutation]'")
     groups = getattr(args, "groups", None) or list(GROUPS)
     if args.command == "run":
-        run(groups, args.minutes, args.sample, args.tests_ref, args.retest_survivors)
+        run(groups, args.minutes, args.sample, args.tests_ref, args.retest_survivors, args.seed)
     elif args.command == "report":
-        report(groups, args.json, args.sample)
+        report(groups, args.json, args.sample, args.seed)
     elif args.command == "kills":
         kills(args.pattern, args.tests)
     else:

@@ -84,23 +84,28 @@ def test_never_refreshing_follows_the_cache_schedule_exactly():
     assert [t.full_forward for t in out.trace].count(True) == G // Lb  # block 0's forward and the 2 extensions
 
 
-def test_a_stale_test_makes_the_next_step_a_full_forward(monkeypatch):
+@pytest.mark.parametrize("stale_call, full_steps", [
+    # block 0: step 0 full, tests at steps 1, 2, 3 (the third says stale) -> step 4 full; block 1: extension
+    (3, [(0, 0), (0, 4), (1, 0)]),
+    # block 0: step 0 full, tests at steps 1-15; the 16th test is block 1's extension: stale -> step 1 full
+    (16, [(0, 0), (1, 0), (1, 1)]),
+])
+def test_a_stale_test_makes_the_next_step_a_full_forward(monkeypatch, stale_call, full_steps):
     calls = []
     real = DriftTest.stale
 
-    def stale_on_the_third(self, cached, fresh, lo, hi):
+    def stale_at_one_call(self, cached, fresh, lo, hi):
         calls.append(len(calls))
         flag = real(self, cached, fresh, lo, hi)
-        return torch.ones_like(flag) if len(calls) == 3 else torch.zeros_like(flag)
+        return torch.ones_like(flag) if len(calls) == stale_call else torch.zeros_like(flag)
 
-    monkeypatch.setattr(elastic.DriftTest, "stale", stale_on_the_third)
+    monkeypatch.setattr(elastic.DriftTest, "stale", stale_at_one_call)
     model = _replica()
     ids = torch.randint(0, 290, (2, 9), generator=torch.Generator().manual_seed(2))
     out = dlm.generate(model, ids, gen_length=32, block_length=16, steps=32, sampler="confidence", kv_cache="elastic",
                        eos_early_stop=False, return_trace=True)
     full = [(t.block, t.step) for t in out.trace if t.full_forward]
-    # block 0: step 0 full, tests at steps 1, 2, 3 (the third says stale) -> step 4 full; block 1: extension
-    assert full == [(0, 0), (0, 4), (1, 0)]
+    assert full == full_steps
 
 
 def test_one_host_read_per_step():

@@ -56,6 +56,14 @@ def test_bad_arguments_are_refused_with_the_fix(kwargs, match):
         dlm.generate(ToyDLM(), PROMPT, **kwargs)
 
 
+@pytest.mark.parametrize("gen_length, block_length, fix", [(30, 8, 6), (7, 4, 1), (12, 5, 4), (30, 29, 15), (9, 10, 9)])
+def test_a_block_length_that_does_not_divide_is_refused_with_the_largest_that_does(gen_length, block_length, fix):
+    """The fix the message offers is the largest divisor of gen_length up to block_length (worked by hand
+    here: 1 for a prime gen_length, gen_length itself when block_length exceeds it)."""
+    with pytest.raises(ValueError, match=rf"multiple of block_length \({block_length}\); try block_length={fix}$"):
+        dlm.generate(ToyDLM(), PROMPT, gen_length=gen_length, block_length=block_length, steps=gen_length)
+
+
 def test_empty_prompt_and_missing_mask_id_are_refused():
     with pytest.raises(ValueError, match="empty"):
         dlm.generate(ToyDLM(), torch.zeros(1, 0, dtype=torch.long))

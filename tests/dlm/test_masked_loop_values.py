@@ -52,10 +52,13 @@ def test_the_loop_ends_when_every_row_has_finished():
     assert out.sequences[:, 4:].tolist() == [[5] + [8] * 15, [5, 5] + [8] * 14]
 
 
+@pytest.mark.parametrize("across_blocks", [False, True])
 @pytest.mark.parametrize("kv_cache", ["prefix", "dual"])
 @pytest.mark.parametrize("sampler", ["confidence", "lopa"])
-def test_forward_tokens_with_a_kv_cache_count_the_positions_embedded(kv_cache, sampler):
+def test_forward_tokens_with_a_kv_cache_count_the_positions_embedded(kv_cache, sampler, across_blocks):
     # With a cache only the window's positions enter the model: count them where they are embedded.
+    # `cache_across_blocks` starts each later block by extending the cache (from the previous block's
+    # start to the end) instead of a full forward: those positions are counted too.
     from dlm.tiny import TinyCharTokenizer, TinyDLMConfig, TinyDLMModel
 
     torch.manual_seed(0)
@@ -66,8 +69,10 @@ def test_forward_tokens_with_a_kv_cache_count_the_positions_embedded(kv_cache, s
     model.get_input_embeddings().register_forward_hook(lambda module, args, out: embedded.append(args[0].numel()))
     ids = torch.randint(3, 40, (2, 6), generator=torch.Generator().manual_seed(1))
     out = dlm.generate(model, ids, gen_length=16, block_length=8, steps=8, sampler=sampler, kv_cache=kv_cache,
-                       eos_early_stop=False)
+                       eos_early_stop=False, cache_across_blocks=across_blocks)
     assert out.forward_tokens == sum(embedded)
+    if across_blocks:  # the second block opened on an extension: 2 rows x (16 + 6 - 6) positions, not 2 x 22
+        assert 2 * 16 in embedded and embedded.count(2 * 22) == 1
 
 
 def test_a_prompt_without_the_separator_is_refused_naming_its_row():
@@ -108,6 +113,14 @@ def test_host_live_rows_are_made_on_the_loop_device():
     rows = Rows.from_flags([False, True, True], torch.device("meta"))
     assert rows.host == [1, 2] and rows.index.device.type == "meta" and not rows.every
     assert Rows.of(None, 3, "cpu").every and Rows.of([0, 2], 3, "cpu").host == [0, 2]
+    # every row taken: the index of all rows, or the caller's own `every_index` tensor itself (no new one)
+    assert torch.equal(Rows.of(None, 3, "cpu").index, torch.arange(3))
+    assert torch.equal(Rows.of([0, 1, 2], 3, "cpu").index, torch.arange(3))
+    every = torch.arange(3)
+    assert Rows.of(None, 3, "cpu", every_index=every).index is every
+    assert Rows.of([0, 1, 2], 3, "cpu", every_index=every).index is every
+    assert torch.equal(Rows.of([0, 2], 3, "cpu", every_index=every).index, torch.tensor([0, 2]))
+    assert not Rows.of([0, 2], 3, "cpu").every and not Rows.of([], 3, "cpu").every and Rows.of([0, 1, 2], 3, "cpu").every
 
 
 def test_the_cache_handed_to_the_next_block_holds_its_rows():

@@ -35,7 +35,7 @@ def _count_positions(model):
     return counts, hooks
 
 
-@pytest.mark.parametrize("mode", ["transformers", "confidence", "threshold"])
+@pytest.mark.parametrize("mode", ["transformers", "confidence", "threshold", "lopa"])
 def test_forward_tokens_count_every_position_the_model_processes(model, mode):
     ids, mask = left_padded_prompts(2, 9, 0)
     counts, hooks = _count_positions(model)
@@ -116,3 +116,114 @@ def test_the_default_budget_in_sampler_mode_is_one_pass_per_position(model):
     ids, _ = left_padded_prompts(1, 9, 1)
     out = dlm.generate(model, ids, sampler="confidence", gen_length=2 * CANVAS, generator=torch.Generator().manual_seed(0))
     assert out.nfe == 2 * CANVAS
+
+
+def test_a_row_that_ended_is_not_decoded_in_later_canvases():
+    """The entropy-bound rule in sampler mode (our generator): a row whose sequence ended (an EOS) leaves
+    the decoder batch for every later canvas. Counted from the output alone: a row is live in canvas c
+    exactly when no EOS stands in its tokens before that canvas, so each decoder call of canvas c gets
+    that many rows, and each row's forward count is the passes of the canvases it was live in.
+    The case (seed 2, canvases of 8, EOS any of ids 1-24) ends row 0 in canvas 0 and row 2 in canvas 1."""
+    C, eos = 8, list(range(1, 25))
+    model = tiny_diffusion_gemma(0, canvas_length=C, eos_token_id=eos)
+    ids, mask = left_padded_prompts(3, 9, 2)
+    rows_seen = []
+    hook = model.model.decoder.register_forward_hook(
+        lambda m, args, kwargs, out: rows_seen.append(out.last_hidden_state.shape[0]), with_kwargs=True)
+    try:
+        out = dlm.generate(model, ids, attention_mask=mask, sampler="entropy_bound", steps=24, gen_length=24,
+                           generator=torch.Generator().manual_seed(2))
+    finally:
+        hook.remove()
+    generated = out.sequences[:, ids.shape[1]:].tolist()
+    first_eos = [next((i for i, t in enumerate(row) if t in eos), len(row)) for row in generated]
+    live = [[first_eos[r] >= c * C for r in range(3)] for c in range(len(out.steps_per_block))]
+    assert [sum(canvas) for canvas in live] == [3, 2, 1]  # the case really ends rows between canvases
+    expected_rows = [sum(canvas) for canvas, passes in zip(live, out.steps_per_block) for _ in range(passes)]
+    assert rows_seen == expected_rows
+    assert out.nfe_per_sequence.tolist() == [sum(p for canvas, p in zip(live, out.steps_per_block) if canvas[r])
+                                             for r in range(3)]
+
+
+@pytest.mark.parametrize("full_stream", [True, False])
+def test_a_new_canvas_starts_on_the_device_and_with_the_rows_still_running(full_stream):
+    """`EntropyBoundRule.start` on the meta device (shapes, no data: a tensor made on the CPU instead
+    raises on use): its state is on the device; in sampler mode (`full_stream=False`) the rows whose
+    sequence ended are skipped and the first step decodes the others; in transformers' mode (the full
+    random stream) every row keeps running, as transformers does."""
+    from dlm.engine.uniform.rules import EntropyBoundRule
+    from samplers.unmasking.entropy_bound import EntropyBoundConfig
+
+    meta = torch.device("meta")
+    rule = EntropyBoundRule(EntropyBoundConfig(stability_threshold=2), max_steps=4, vocab_size=11, canvas_length=5,
+                            embed_dtype=torch.float32, full_stream=full_stream)
+    ended = [False, True, False, True]
+    first = rule.start(4, meta, torch.tensor(ended).to(meta), ended)
+    assert first == (None if full_stream else [0, 2])
+    assert rule.canvas.shape == rule.argmax.shape == (4, 5) and rule.canvas.dtype == torch.long
+    assert rule.done.shape == rule.skip.shape == (4,) and rule.done.dtype == rule.skip.dtype == torch.bool
+    assert rule.stop.history.shape == (2, 4, 5) and rule.stop.history.device == meta
+    live = rule.live_mask()  # ~(done | skip): meets every state tensor on the device
+    assert live.device == meta and all(t.device == meta for t in (rule.canvas, rule.argmax, rule.done, rule.skip))
+    assert rule.soft is None and rule.batch == 4
+    # the same on the CPU, where the values can be read: no row done, the ended rows skipped in sampler mode
+    first = rule.start(4, torch.device("cpu"), torch.tensor(ended), ended)
+    assert rule.live_mask().tolist() == ([True] * 4 if full_stream else [not e for e in ended])
+    assert not rule.done.any() and first == (None if full_stream else [0, 2])
+    assert rule.start(4, torch.device("cpu"), torch.zeros(4, dtype=torch.bool), [False] * 4) is None
+
+
+def test_lookahead_branches_are_decoded_as_their_rows_alone(model):
+    """`RowSubsetDecoder.branches` (a look-ahead sampler's k candidate canvases per row, one batched call)
+    against the loop's own decoder call on each candidate alone, with that row's cache, padding mask and
+    self-conditioning: rows 1 and 2 of a left-padded batch (2 and 3 pad tokens), k = 2, the same logits."""
+    from transformers import DynamicCache
+
+    from dlm.engine.uniform.canvas_model import DiffusionGemmaCanvasModel, RowSubsetDecoder
+
+    cm = DiffusionGemmaCanvasModel(model)
+    ids, mask = left_padded_prompts(3, 9, 0)
+    mask2d = mask.bool()
+    P, C, V = ids.shape[1], CANVAS, cm.vocab_size
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    enc_positions = torch.arange(P, dtype=torch.int32).unsqueeze(0)
+    with torch.no_grad():
+        cache = cm.encode(ids, mask2d, cache, enc_positions, is_prefill=True)
+        decoder = RowSubsetDecoder(cm, cache, torch.nn.functional.pad(mask2d, (0, C), value=True),
+                                   torch.arange(P, P + C, dtype=torch.int32).unsqueeze(0), batch=3)
+        g = torch.Generator().manual_seed(3)
+        rows, k = torch.tensor([1, 2]), 2
+        canvases = torch.randint(0, V, (len(rows) * k, C), generator=g)
+        hidden = model.model.decoder.embed_tokens.weight.shape[1]
+        soft = torch.randn(len(rows), C, hidden, generator=g)
+        together = decoder.branches(canvases, soft, rows, k)
+        for i in range(len(rows) * k):
+            row = int(rows[i // k])
+            alone = decoder(canvases[i:i + 1], soft[i // k: i // k + 1], torch.tensor([row]), [row])
+            assert torch.allclose(together[i], alone[0], atol=1e-4, rtol=1e-4), (row, i % k)
+        # the padding matters here: row 2 decoded without its mask is another result
+        unpadded = RowSubsetDecoder(cm, cache, torch.ones(3, P + C, dtype=torch.bool), decoder.positions, batch=3)
+        assert not torch.allclose(unpadded(canvases[2:3], soft[1:2], torch.tensor([2]), [2])[0], together[2], atol=1e-3)
+
+
+def test_a_new_canvas_of_a_masked_sampler_starts_on_the_device_and_with_the_rows_still_running():
+    """`AcceptRule.start` (any masked sampler of ours on a canvas) on the meta device, as above: the
+    canvas, the accepted flags and the skipped rows on the device; the first step decodes the rows
+    whose sequence has not ended, and none is accepted yet."""
+    from dlm.engine.uniform.rules import AcceptRule, AcceptSettings
+    from samplers import get_sampler
+
+    meta = torch.device("meta")
+    policy = get_sampler("confidence")
+    settings = AcceptSettings(canvas_length=8, block_length=4, vocab_size=11, embed_dtype=torch.float32,
+                              temperature=0.0, generator=None, t_min=0.4, t_max=0.8, sampler_step=policy.step)
+    rule = AcceptRule(policy, 6, settings, state={})
+    ended = [True, False, False]
+    assert rule.start(3, meta, torch.tensor(ended).to(meta), ended) == [1, 2]
+    assert rule.canvas.shape == (3, 8) and rule.accepted.shape == (3, 8) and rule.skip.shape == (3,)
+    live = rule.live_mask()  # reads the accepted flags and the skipped rows together, on the device
+    assert live.device == meta and all(t.device == meta for t in (rule.canvas, rule.accepted, rule.skip))
+    assert (rule.sub_blocks, rule.sub_budget) == (2, 3)  # 6 passes over 2 sub-blocks of 4
+    assert rule.start(3, torch.device("cpu"), torch.tensor(ended), ended) == [1, 2]
+    assert rule.live_mask().tolist() == [False, True, True] and not rule.accepted.any()
+    assert rule.start(3, torch.device("cpu"), torch.zeros(3, dtype=torch.bool), [False] * 3) is None

@@ -92,3 +92,49 @@ def test_step_rows_without_rows_are_every_row_on_the_context_device():
     assert step_rows(StepContext(x=torch.zeros(2, 4, dtype=torch.long), candidates=None, num_transfer=None, step=0,
                                  steps_in_block=1, last_step=True, temperature=0.0, generator=None, mask_token_id=7,
                                  rows=given)) is given
+
+
+def _cpu_step_inputs(name, temperature, **config):
+    """A real step on CPU tensors: 3 rows of 6 positions (some committed), a vocabulary of 11, and for a
+    look-ahead sampler a `ctx.forward` that serves fixed random logits and counts its calls."""
+    sampler = get_sampler(name, **config)
+    rows, length, vocab, mask = 3, 6, 11, 10
+    x = torch.full((rows, length), mask)
+    x[0, 0], x[2, :2] = 3, 4
+    logits = torch.randn(rows, length, vocab, generator=torch.Generator().manual_seed(1))
+    served = torch.randn(rows, 16, length, vocab, generator=torch.Generator().manual_seed(2))
+    calls = []
+
+    def forward(candidates):
+        calls.append(candidates.shape)
+        return served[:, :candidates.shape[1]]
+    looks = sampler.looks_ahead or sampler.drafts_and_verifies
+    ctx = StepContext(x=x, candidates=x == mask, num_transfer=torch.tensor([2, 1, 2]), step=1, steps_in_block=4,
+                      last_step=False, temperature=temperature, generator=torch.Generator().manual_seed(0),
+                      mask_token_id=mask, state=sampler.init_state(rows, 12, "cpu"), block_start=6,
+                      rows=torch.arange(rows), forward=forward if looks else None, forwards_left=3 if looks else 0)
+    return sampler, logits, ctx, calls
+
+
+CPU_STEP_CASES = [(name, t, {}) for name in POLICIES for t in (0.0, 1.0)
+                  if not (t > 0 and get_sampler(name).drafts_and_verifies)] + [("lopa", t, {"published": True})
+                                                                             for t in (0.0, 1.0)]
+
+
+@pytest.mark.parametrize("name, temperature, config", CPU_STEP_CASES)
+def test_a_step_makes_no_tensor_on_the_default_device(name, temperature, config):
+    """The reverse of the meta test above, for the paths it cannot reach (a host read ends a meta step:
+    LoPA's branches and their scoring, lossless's verification): CPU inputs with meta as the default
+    device, so a tensor made without `device=` lands on meta, as one would land on the CPU beside CUDA
+    inputs, and fails or corrupts the step. The step must equal the same step without it, draw for draw."""
+    sampler, logits, ctx, calls = _cpu_step_inputs(name, temperature, **config)
+    plain = sampler.step(logits, ctx)
+    sampler, logits, ctx, meta_calls = _cpu_step_inputs(name, temperature, **config)
+    with torch.device(META):
+        moved = sampler.step(logits, ctx)
+    for field in ("x", "proposal", "confidence"):
+        ours, reference = getattr(moved, field), getattr(plain, field)
+        assert ours.device.type == "cpu" and torch.equal(ours, reference), field
+    assert meta_calls == calls
+    if sampler.looks_ahead or sampler.drafts_and_verifies:
+        assert calls, "the step never reached its look-ahead call: the case does not test it"

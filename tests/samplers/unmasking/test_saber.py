@@ -50,6 +50,14 @@ def test_threshold_is_the_running_mean_of_commit_time_confidences():
     assert out.x.tolist() == [[0, 1, 2, 3, MASK]]
 
 
+def test_the_running_mean_counts_every_committed_confidence_from_the_first():
+    """Rows of commit-time confidences (NaN: not committed) -> their mean, 1.0 for a row with none;
+    a single commitment is its own mean (worked by hand)."""
+    nan = float("nan")
+    conf = torch.tensor([[nan, nan, nan], [nan, 0.8, nan], [0.6, 0.8, nan], [0.5, 0.25, 0.75]])
+    assert running_mean_threshold(conf).tolist() == pytest.approx([1.0, 0.8, 0.7, 0.5])
+
+
 def test_backtracking_remasks_the_largest_drop():
     s = get_sampler("saber", n=2)
     state = fresh(s, 6)
