@@ -64,3 +64,18 @@ def peaked_logits(top_probs, tokens=None, vocab: int = 10, mask_id: int = 9) -> 
         row[tok], row[mask_id] = p, 0.0
         rows.append(row)
     return torch.tensor(rows, dtype=torch.float64).clamp_min(1e-12).log().float().unsqueeze(0)
+
+
+class StaticLogits(torch.nn.Module):
+    """Logits that do not depend on the input (a seeded [length, vocab] table, the same for every row):
+    a drafted step is always the step the base sampler then takes, so lossless draft-and-verify
+    verifies every draft and a round commits min(depth, steps left) base steps."""
+
+    def __init__(self, vocab: int = 12, length: int = 64, seed: int = 1):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(length, vocab, generator=g) * 3
+        self.config = SimpleNamespace(mask_token_id=vocab - 1, eos_token_id=None, pad_token_id=None, vocab_size=vocab)
+
+    def forward(self, input_ids, attention_mask=None, **kw):
+        return SimpleNamespace(logits=self.table[: input_ids.shape[1]].expand(input_ids.shape[0], -1, -1).clone())

@@ -12,29 +12,12 @@ import pytest
 import torch
 
 from script_loader import load_script  # tests/script_loader.py (tests/ is on sys.path)
+from toy_models import StaticLogits
 
 script = load_script("bench_lossless.py")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-class EveryDraftRight(torch.nn.Module):
-    """Logits that do not depend on the input: the base's next steps are exactly the drafts."""
-
-    def __init__(self, vocab=12, length=64):
-        super().__init__()
-        g = torch.Generator().manual_seed(3)
-        self.table = torch.randn(length, vocab, generator=g) * 3
-        self.config = SimpleNamespace(mask_token_id=vocab - 1, eos_token_id=None, pad_token_id=None, vocab_size=vocab)
-
-    def forward(self, input_ids, attention_mask=None, **kw):
-        return SimpleNamespace(logits=self.table[: input_ids.shape[1]].expand(input_ids.shape[0], -1, -1).clone())
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class NoDraftRight(torch.nn.Module):
@@ -75,7 +58,7 @@ def _rounds_when_every_draft_is_right(steps: int, depth: int) -> tuple[int, int]
 def test_counts_when_every_draft_is_right(depth):
     """Two prompts at batch 1, two blocks of 13 steps each: 13 leaves one step alone after depths 2, 3 and
     4 (13 = 6x2+1 = 4x3+1 = 3x4+1), none after 7 (13 = 7+6)."""
-    res = script.measure_setting(_row(EveryDraftRight(), [[0, 1, 2], [3, 4]], 26, 13), "confidence", "none", 1,
+    res = script.measure_setting(_row(StaticLogits(seed=3), [[0, 1, 2], [3, 4]], 26, 13), "confidence", "none", 1,
                                  depths=(depth,))
     base, counts = res["base"], res["depths"][str(depth)]["counts"]
     info = script.derived(base, counts, depth)

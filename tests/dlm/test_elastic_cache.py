@@ -10,12 +10,7 @@ from dlm.engine.masked import elastic
 from dlm.engine.masked.elastic import DriftTest
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _replica(layers=2):

@@ -2,7 +2,6 @@
 at every commit, exactly what it gave at the commit before the engine was restructured: tokens,
 forward counts, forward tokens, steps per block, per-sequence forwards, the step trace, and the
 refusals' messages. See `tests/dlm/golden/engine_cases.py` for the grid."""
-import pytest
 import torch
 
 from tests.dlm.golden.engine_cases import GOLDEN, all_cases, _run
@@ -18,15 +17,6 @@ def _first_difference(want: dict, got: dict) -> str:
                 return f"trace length: want {len(want['trace'])}, got {len(got['trace'])}"
             return f"{field}: want {str(want.get(field))[:200]}, got {str(got.get(field))[:200]}"
     return ""
-
-
-@pytest.fixture
-def one_thread():
-    """900 small calls: one thread is several times faster on a shared 2-core machine (no spinning)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_every_case_matches_the_golden_fixture(one_thread):

@@ -16,13 +16,7 @@ RUN_FIELDS = {"peak_mib", "blocks_peak_mib", "ms", "min_ms", "max_ms", "reps", "
 STREAMLINED = ("streamline(slices=4, head_slices=2)", "streamline(slices=4, head_slices=1)")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Timings of a tiny model with two threads on a shared machine are mostly spin-waiting."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _smoke(dtype=torch.float32):

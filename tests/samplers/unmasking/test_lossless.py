@@ -14,17 +14,12 @@ import torch
 
 import dlm
 from samplers import get_sampler
+from toy_models import StaticLogits  # tests/toy_models.py (tests/ is on sys.path)
 
 BASES = ("confidence", "margin", "entropy", "threshold", "eb", "position", "hierarchical")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Hundreds of small calls: one thread is several times faster on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -119,21 +114,6 @@ def test_an_analytic_oracle_and_a_random_llada_replica():
     ids = torch.randint(0, 290, (3, 7), generator=g)
     ref, out = _pair(replica, ids, "confidence", gen_length=32, block_length=16, steps=32)
     _assert_lossless(ref, out)
-
-
-class StaticLogits(torch.nn.Module):
-    """Logits that do not depend on the input: every draft is verified, so a round commits
-    min(depth, steps left) base steps."""
-
-    def __init__(self, vocab=12, length=64):
-        super().__init__()
-        g = torch.Generator().manual_seed(1)
-        self.table = torch.randn(length, vocab, generator=g) * 3
-        self.config = SimpleNamespace(mask_token_id=vocab - 1, eos_token_id=None, pad_token_id=None, vocab_size=vocab)
-
-    def forward(self, input_ids, attention_mask=None, **kw):
-        out = self.table[: input_ids.shape[1]].expand(input_ids.shape[0], -1, -1).clone()
-        return SimpleNamespace(logits=out)
 
 
 def _expected_forwards(steps_per_block: int, depth: int, blocks: int) -> int:

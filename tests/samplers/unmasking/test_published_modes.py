@@ -22,14 +22,7 @@ from samplers.unmasking.hex import HexConfig, majority_vote
 GREEDY = dict(temperature=0.0, eos_early_stop=False, kv_cache="none")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: one thread decodes them several times faster than two (no
-    contention), which keeps the prompt-by-prompt reference loops cheap. Restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
