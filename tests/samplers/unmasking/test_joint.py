@@ -42,6 +42,18 @@ def test_fingerprint_tells_models_apart():
     assert model_fingerprint(HMMOracle.random(seed=0)) != model_fingerprint(HMMOracle.random(seed=1))
 
 
+def test_fingerprint_is_cached_on_the_model_until_deleted():
+    """As documented: hashing reads every weight once, then the cached value is returned (a weight
+    changed in place keeps the old fingerprint) until `_dlm_fingerprint` is deleted."""
+    model = ToyDLM(seed=0)
+    before = model_fingerprint(model)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    assert model_fingerprint(model) == before
+    del model._dlm_fingerprint
+    assert model_fingerprint(model) != before
+
+
 def test_layer_for_another_checkpoint_is_refused():
     sampler = toy_joint_sampler(ToyDLM(seed=0))
     with pytest.raises(ValueError, match="checkpoint hash.*dlm train-joint"):
