@@ -52,6 +52,24 @@ def test_forward_tokens_count_every_position_the_model_processes(model, mode):
     assert out.forward_tokens == counts["encoder"] + counts["decoder"]
 
 
+@pytest.mark.parametrize("gen_length", [16, 48])
+def test_forward_tokens_of_one_and_of_three_canvases(model, gen_length):
+    """The prompt is encoded once and each finished canvas after it, counted exactly. A count that gave
+    the first canvas a canvas's length and the second the prompt's adds up to the same total whenever
+    there are two canvases or more: only the one-canvas call tells it apart."""
+    ids, mask = left_padded_prompts(2, 9, 0)
+    counts, hooks = _count_positions(model)
+    try:
+        out = dlm.generate(model, ids, attention_mask=mask, sampler="confidence", steps=gen_length // 2,
+                           gen_length=gen_length, block_length=8,
+                           generator=torch.Generator().manual_seed(0))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert counts["encoder"] == 2 * 9 + 2 * CANVAS * (gen_length // CANVAS - 1)
+    assert out.forward_tokens == counts["encoder"] + counts["decoder"]
+
+
 def test_sub_blocks_share_the_canvas_budget_fairly(model):
     # 16 positions in 4 sub-blocks of 4 with 8 passes: each sub-block gets 2 passes and, with one-at-a-time
     # confidence commits, accepts 2 positions per pass.
