@@ -307,3 +307,34 @@ def test_refresh_every_step_makes_lookahead_exact_on_a_bidirectional_model(resta
     assert torch.equal(plain.sequences, refreshed.sequences)
     assert (plain.nfe, plain.branch_forwards) == (refreshed.nfe, refreshed.branch_forwards)
     assert not torch.equal(plain.sequences, dlm.generate(model, ids, kv_cache=mode, **kw).sequences)
+
+
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+def test_lookahead_rows_with_another_count_get_their_own_repeated_cache(model, mode):
+    """A lookahead call repeats each row's cached K/V k times and keeps that copy for the next call;
+    a call with another k must build its own copy: its logits equal those of a forward that never
+    made the first call."""
+    from dlm.adapters import DLMAdapter
+    from dlm.engine.masked.forward import KVCachedForward
+
+    adapter = DLMAdapter.wrap(model)
+    ids, _ = prompts()
+    P, Lb, mask_id = ids.shape[1], 8, adapter.mask_token_id
+    x = torch.cat([ids, torch.full((ids.shape[0], 16), mask_id)], dim=1)
+
+    def cached_forward():
+        forward = KVCachedForward(adapter, mode, 0, 0.0, P, None, None)
+        forward(x, 0, P, P + Lb)  # the block's first step: a full forward that fills the cache
+        return forward
+
+    def candidates(k):  # k copies of each row, copy j with token 5 + j at the block's first position
+        rep = x.repeat_interleave(k, dim=0)
+        rep[:, P] = 5 + torch.arange(k).repeat(x.shape[0])
+        return rep
+
+    first = cached_forward()
+    first.branches(candidates(2), 2, P, P + Lb)
+    got = first.branches(candidates(3), 3, P, P + Lb)
+    want = cached_forward().branches(candidates(3), 3, P, P + Lb)
+    assert got.shape[0] == 3 * x.shape[0]
+    assert torch.equal(got, want)
