@@ -210,12 +210,12 @@ class Tally:
             if self.keep_trace:
                 self.trace.append(record)
 
-    def output(self, sequences: torch.Tensor, generated: int, nfe_per_sequence: torch.Tensor | None = None,
-               extra_forward_tokens: int = 0) -> GenerateOutput:
+    def output(self, sequences: torch.Tensor, generated: int,
+               nfe_per_sequence: torch.Tensor | None = None) -> GenerateOutput:
         """Phase "finalize": the `GenerateOutput` of the call (`generated` tokens per row for TPF)."""
         self.bar.close()
         return GenerateOutput(
             sequences=sequences, nfe=self.nfe, tpf=generated / max(self.nfe, 1),
-            seconds=time.perf_counter() - self.started, forward_tokens=self.forward_tokens + extra_forward_tokens,
+            seconds=time.perf_counter() - self.started, forward_tokens=self.forward_tokens,
             steps_per_block=self.steps_per_block, trace=self.trace, branch_forwards=self.branch_forwards,
             nfe_per_sequence=nfe_per_sequence, schedule_steps_per_block=self.schedule_steps_per_block)

@@ -160,3 +160,21 @@ def test_a_lookahead_sampler_is_told_the_forwards_left_in_its_block():
                        kv_cache="none", eos_early_stop=False)
     assert out.nfe == 8
     assert seen == [(3, 3), (2, 2), (1, 1), (0, None)] * 2
+
+
+def test_the_progress_bar_counts_forward_passes_unless_told_to_count_units(capsys):
+    """The masked loop's bar runs over the forward budget (each pass counts); the uniform loop's,
+    with no step budget, over canvases (`per_unit`): one count per finished canvas."""
+    from dlm.engine.driver import Tally
+
+    passes = Tally(total=8, desc="passes", unit="nfe", progress=True, callback=None, keep_trace=False)
+    passes.forwards(3, 5)
+    passes.unit_done(3, 40)
+    assert (passes.bar.n, passes.nfe, passes.branch_forwards, passes.forward_tokens) == (3, 3, 5, 40)
+    units = Tally(total=2, desc="canvases", unit="canvas", progress=True, callback=None, keep_trace=False,
+                  per_unit=True)
+    units.forwards(3, 0)
+    units.unit_done(3, 40)
+    assert (units.bar.n, units.nfe) == (1, 3)
+    passes.bar.close()
+    units.bar.close()
