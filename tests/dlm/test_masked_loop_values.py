@@ -176,5 +176,6 @@ def test_the_progress_bar_counts_forward_passes_unless_told_to_count_units(capsy
     units.forwards(3, 0)
     units.unit_done(3, 40)
     assert (units.bar.n, units.nfe) == (1, 3)
+    assert (passes.bar.unit, units.bar.unit) == ("nfe", "canvas")  # the unit the bar shows
     passes.bar.close()
     units.bar.close()
