@@ -113,6 +113,17 @@ def test_options_the_engine_cannot_honour_are_refused(models, bad, match):
         dlm.generate(models[0], ids, **bad)
 
 
+def test_kv_cache_none_and_auto_are_accepted_and_change_nothing(models):
+    """The encoder's exact cache is the family's design: "none" and "auto" both name it, and give the
+    tokens of the default call (only the Fast-dLLM modes are refused, above)."""
+    ids, _, gc, _ = _case(0)
+    outs = []
+    for kv in (None, "none", "auto"):
+        torch.manual_seed(2)
+        outs.append(dlm.generate(models[0], ids, generation_config=gc, **({} if kv is None else {"kv_cache": kv})))
+    assert all(torch.equal(o.sequences, outs[0].sequences) for o in outs[1:])
+
+
 def test_static_cache_and_foreign_configs_are_refused(models):
     ids, _, gc, _ = _case(0)
     static = copy.deepcopy(gc)

@@ -179,3 +179,18 @@ def test_the_progress_bar_counts_forward_passes_unless_told_to_count_units(capsy
     assert (passes.bar.unit, units.bar.unit) == ("nfe", "canvas")  # the unit the bar shows
     passes.bar.close()
     units.bar.close()
+
+
+def test_a_lookahead_call_of_the_wrong_shape_or_dtype_is_refused():
+    """`ctx.forward` takes candidates `[rows, k, block_length]` long: every other row count, block length,
+    rank or dtype is a ValueError; a call past the budget is the sampler's bug, a RuntimeError."""
+    from dlm.engine.driver import check_lookahead_call
+
+    good = torch.zeros(2, 3, 8, dtype=torch.long)
+    check_lookahead_call(good, rows=2, block_length=8, left=1, unit="block")  # accepted
+    for bad in (torch.zeros(3, 3, 8, dtype=torch.long), torch.zeros(2, 3, 7, dtype=torch.long),
+                torch.zeros(2, 8, dtype=torch.long), good.float()):
+        with pytest.raises(ValueError, match=r"ctx.forward needs candidates of shape \[2, k, 8\]"):
+            check_lookahead_call(bad, rows=2, block_length=8, left=1, unit="block")
+    with pytest.raises(RuntimeError, match="the block's step budget is spent"):
+        check_lookahead_call(good, rows=2, block_length=8, left=0, unit="block")
