@@ -148,3 +148,20 @@ def test_the_first_block_is_tested_for_drift_too():
     full = {b: [t.step for t in out.trace if t.block == b and t.full_forward] for b in (0, 1)}
     assert len(full[1]) > 4  # the second block's probes see the drift and refresh it
     assert len(full[0]) > 4  # the first block: the prompt's probes see the same drift
+
+
+def test_a_left_padded_row_decodes_as_it_does_alone():
+    """The elastic cache's windowed forwards pass the attention mask: a row left-padded in a batch gives
+    the tokens it gives alone (threshold 0: no refresh in either call, so the schedules agree too)."""
+    model = _replica()
+    g = torch.Generator().manual_seed(4)
+    long_row, short_row = torch.randint(0, 290, (9,), generator=g), torch.randint(0, 290, (5,), generator=g)
+    ids = torch.stack([long_row, torch.cat([torch.full((4,), 298), short_row])])
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    run = dict(gen_length=32, block_length=16, steps=32, sampler="confidence", kv_cache="elastic",
+               cache_drift_threshold=0.0, eos_early_stop=False)
+    batch = dlm.generate(model, ids, attention_mask=mask, **run)
+    for row, alone_ids in ((0, long_row), (1, short_row)):
+        alone = dlm.generate(model, alone_ids.unsqueeze(0), **run)
+        assert torch.equal(batch.sequences[row, 9:], alone.sequences[0, alone_ids.numel():])

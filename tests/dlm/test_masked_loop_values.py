@@ -177,6 +177,7 @@ def test_the_progress_bar_counts_forward_passes_unless_told_to_count_units(capsy
     units.unit_done(3, 40)
     assert (units.bar.n, units.nfe) == (1, 3)
     assert (passes.bar.unit, units.bar.unit) == ("nfe", "canvas")  # the unit the bar shows
+    assert passes.bar.leave is False and units.bar.leave is False  # cleared when the call ends
     passes.bar.close()
     units.bar.close()
 
