@@ -278,3 +278,19 @@ def test_pipeline_and_cli_run_a_diffusion_gemma_folder(saved_folder, capsys):
     code = main(["sample", "--model", str(folder), "--prompt", "w5 w6 w7", "--gen-length", "32", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["sampler"] == "diffusiongemma" and data["nfe"] >= 1
+
+
+def test_the_family_needs_both_the_config_type_and_the_encoder(models):
+    """Uniform-noise decoding is chosen for a DiffusionGemma config on a model with an encoder; a
+    masked model whose inner module happens to have an `encoder`, or a DiffusionGemma config on a
+    model without one, stays masked."""
+    from types import SimpleNamespace
+
+    from dlm.engine.families import MaskedFamily, UniformNoiseFamily, family_of
+
+    assert isinstance(family_of(models[0]), UniformNoiseFamily)
+    with_encoder = SimpleNamespace(config=SimpleNamespace(model_type="llada"),
+                                   model=SimpleNamespace(encoder=object()))
+    no_encoder = SimpleNamespace(config=SimpleNamespace(model_type="diffusion_gemma"), model=SimpleNamespace())
+    assert isinstance(family_of(with_encoder), MaskedFamily)
+    assert isinstance(family_of(no_encoder), MaskedFamily)
