@@ -41,10 +41,12 @@ import argparse
 import copy
 import json
 import math
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import fmean as mean
 
 import torch
 from tqdm.auto import tqdm
@@ -260,15 +262,9 @@ def _generate(model, ids, mask, setting: Setting, sampler: str, steps: int, gen_
 
 # ----------------------------------------------------------------------------- statistics
 
-def mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
 def std(xs: list[float]) -> float:
-    if len(xs) < 2:
-        return 0.0
-    mu = mean(xs)
-    return math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))
+    """The sample standard deviation (0 for fewer than two values)."""
+    return statistics.stdev(xs) if len(xs) >= 2 else 0.0
 
 
 def t_quantile(n: int) -> float:
